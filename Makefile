@@ -1,0 +1,37 @@
+# The two set-up commands of the README:  `make run`  and  `make test`.
+# Both create .venv if needed, install the package (idempotent), then do their job.
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.installed
+CORES    ?= 1
+CONFIG   ?= config/config.yaml
+# CPU machines get the CPU build of torch (on local disk here); with a GPU (nvidia-smi
+# present) pip's default CUDA build is used; a torch already in the venv is kept as it is.
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: install run test dryrun lint clean-results
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/snakemake --cores $(CORES) --resources gpu=1 --configfile $(CONFIG) --profile profiles/default
+
+dryrun: $(STAMP)
+	$(VENV)/bin/snakemake -n --cores $(CORES) --resources gpu=1 --configfile $(CONFIG) --profile profiles/default
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/snakemake --lint --configfile $(CONFIG)
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
+
+clean-results:
+	rm -rf results/

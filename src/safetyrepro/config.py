@@ -1,0 +1,146 @@
+"""The run config (``config/config.yaml``, ``config/paper.yaml``): load, validate, resolve.
+
+Relative paths in a config are resolved against the project root (the folder holding
+``config/``), so `snakemake` and the CLI agree whatever the working directory."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .hashing import canonical_hash
+from .paths import PROJECT_ROOT, resolve
+from .rules import Rules, load_rules
+from .schema import load_yaml, validate
+
+DATA_ENV = "SAFETYREPRO_DATA"
+
+DEFAULTS: dict[str, Any] = {
+    "data": {"source": "local", "local_dir": "../shared/data/benchmarks", "items_seed": 20240601},
+    "generation": {"batch_size": 16, "max_new_tokens": {"T1": 8, "T2": 8, "T3": 8, "T4": 64}},
+    "runtime": {"device": "auto", "resources_dir": "resources", "results_dir": "results",
+                "worker_idle_timeout_s": 120},
+    "analysis": {"parse_clean_threshold": 0.95, "bootstrap_samples": 1000, "bootstrap_seed": 7,
+                 "subsample_fraction": 0.8, "subsample_repeats": 20,
+                 "nominal_config": "T1-greedy-k0-freeform", "precision_check": False},
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+@dataclass
+class RunConfig:
+    path: str
+    raw: dict = field(repr=False)          # as written in the file (validated)
+    data: dict = field(repr=False)         # with defaults filled in
+    rules: Rules = field(repr=False)
+
+    # ---- identity -----------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.data["run_name"]
+
+    @property
+    def hash(self) -> str:
+        """Hash of the effective config (defaults filled in)."""
+        return canonical_hash(self.data)
+
+    # ---- envelope -----------------------------------------------------------------------
+    @property
+    def envelope_name(self) -> str:
+        return self.data["envelope"].get("name", "full")
+
+    def n_seeds(self, decoding_id: str) -> int:
+        if self.rules.level("decoding", decoding_id)["sampled"]:
+            return self.data["envelope"].get("seeds", self.rules.content["seeds"]["sampled"])
+        return self.rules.content["seeds"]["deterministic"]
+
+    # ---- benchmarks / models ------------------------------------------------------------
+    @property
+    def benchmarks(self) -> list[str]:
+        return list(self.data["benchmarks"])
+
+    def benchmark(self, name: str) -> dict:
+        return self.data["benchmarks"][name]
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.data["models"])
+
+    def model(self, key: str) -> dict:
+        if key not in self.data["models"]:
+            raise ConfigError(self.path, f"models.{key}",
+                              f"no such model; configured: {', '.join(self.models)}")
+        return self.data["models"][key]
+
+    # ---- paths --------------------------------------------------------------------------
+    @property
+    def data_dir(self) -> Path:
+        env = os.environ.get(DATA_ENV)
+        return resolve(env) if env else resolve(self.data["data"]["local_dir"])
+
+    @property
+    def results_dir(self) -> Path:
+        return resolve(self.data["runtime"]["results_dir"])
+
+    @property
+    def resources_dir(self) -> Path:
+        return resolve(self.data["runtime"]["resources_dir"])
+
+    def max_new_tokens(self, benchmark: str, template: str) -> int:
+        mnt = self.data["generation"]["max_new_tokens"]
+        by_b = mnt.get("by_benchmark", {}).get(benchmark, {})
+        if template in by_b:
+            return by_b[template]
+        if template in mnt:
+            return mnt[template]
+        raise ConfigError(self.path, "generation.max_new_tokens",
+                          f"no value for template {template!r} (benchmark {benchmark})")
+
+    def section(self, name: str) -> dict:
+        return self.data.get(name, {})
+
+
+def load_config(path: str | os.PathLike) -> RunConfig:
+    """Load and validate a run config; ConfigError names the file and field at fault."""
+    path = Path(path)
+    if not path.is_absolute() and not path.exists():
+        path = PROJECT_ROOT / path
+    raw = load_yaml(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(path, None, "expected a mapping at the top level")
+    validate(raw, "config", path)
+    data = _merge(DEFAULTS, raw)
+    rules = load_rules(resolve(data["envelope"]["rules"]))
+    cfg = RunConfig(path=str(path), raw=raw, data=data, rules=rules)
+    _check_against_rules(cfg)
+    return cfg
+
+
+def _check_against_rules(cfg: RunConfig) -> None:
+    env = cfg.envelope_name
+    if env not in cfg.rules.sub_envelope_names:
+        raise ConfigError(cfg.path, "envelope.name",
+                          f"unknown sub-envelope {env!r}; {cfg.rules.path} defines "
+                          f"{', '.join(cfg.rules.sub_envelope_names)}")
+    unknown = set(cfg.benchmarks) - set(cfg.rules.benchmarks)
+    if unknown:
+        raise ConfigError(cfg.path, "benchmarks",
+                          f"{sorted(unknown)} not in the rules file's benchmarks {cfg.rules.benchmarks}")
+    templates = [lv["id"] for lv in cfg.rules.levels("template")]
+    mnt = cfg.data["generation"]["max_new_tokens"]
+    missing = [t for t in templates if t not in mnt]
+    if missing:
+        raise ConfigError(cfg.path, "generation.max_new_tokens", f"missing templates {missing}")

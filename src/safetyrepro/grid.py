@@ -1,0 +1,104 @@
+"""Enumerate the evaluation grid: configs per benchmark, (model, benchmark, config) cells and
+(model, benchmark, config, seed) jobs, each with a stable readable id.
+
+A *config* is one level per axis, e.g. ``T2-t0.3-k3-freeform`` (template-decoding-shots-
+scoring). Validity and tiers come from the rules file (:mod:`safetyrepro.rules`)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .rules import AXES, Rules
+
+
+@dataclass(frozen=True, order=True)
+class Config:
+    template: str
+    decoding: str
+    shots: str
+    scoring: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.template}-{self.decoding}-{self.shots}-{self.scoring}"
+
+    def levels(self) -> dict[str, str]:
+        return {a: getattr(self, a) for a in AXES}
+
+    @classmethod
+    def parse(cls, config_id: str) -> "Config":
+        parts = config_id.split("-")
+        if len(parts) != 4:
+            raise ValueError(f"config id {config_id!r} is not template-decoding-shots-scoring")
+        return cls(*parts)
+
+
+@dataclass(frozen=True)
+class Job:
+    model: str
+    benchmark: str
+    config: Config
+    seed: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.model}/{self.benchmark}/{self.config.id}/s{self.seed}"
+
+
+def configs(rules: Rules, benchmark: str, envelope: str = "full") -> list[Config]:
+    """Valid configs of ``benchmark`` in the named sub-envelope, in a stable order."""
+    out = []
+    axes_levels = [[lv["id"] for lv in rules.levels(a)] for a in AXES]
+    for combo in itertools.product(*axes_levels):
+        cfg = Config(*combo)
+        lv = cfg.levels()
+        if rules.is_valid(benchmark, lv) and rules.in_sub_envelope(envelope, lv):
+            out.append(cfg)
+    return out
+
+
+def seeds_for(rules: Rules, cfg: Config) -> list[int]:
+    return list(range(rules.n_seeds(cfg.decoding)))
+
+
+def config_tiers(rules: Rules, cfg: Config) -> dict[str, str]:
+    return {a: rules.tier(a, getattr(cfg, a)) for a in AXES}
+
+
+def is_core(rules: Rules, cfg: Config) -> bool:
+    return all(t == "core" for t in config_tiers(rules, cfg).values())
+
+
+def cells(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full"):
+    """(model, benchmark, Config) triples."""
+    return [(m, b, c) for m in models for b in benchmarks for c in configs(rules, b, envelope)]
+
+
+def jobs(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full") -> list[Job]:
+    return [Job(m, b, c, s) for (m, b, c) in cells(rules, models, benchmarks, envelope)
+            for s in seeds_for(rules, c)]
+
+
+def summarize(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full") -> dict:
+    """Counts the `grid` command prints (and tests check)."""
+    per_bench = {}
+    for b in benchmarks:
+        cs = configs(rules, b, envelope)
+        per_bench[b] = {
+            "configs": len(cs),
+            "freeform": sum(c.scoring == "freeform" for c in cs),
+            "logprob": sum(c.scoring == "logprob" for c in cs),
+            "jobs_per_model": sum(len(seeds_for(rules, c)) for c in cs),
+        }
+    n_cells = len(models) * sum(v["configs"] for v in per_bench.values())
+    n_jobs = len(models) * sum(v["jobs_per_model"] for v in per_bench.values())
+    return {
+        "envelope": envelope,
+        "rules_stamp": rules.stamp,
+        "rules_version": rules.version,
+        "models": list(models),
+        "benchmarks": per_bench,
+        "cells": n_cells,
+        "jobs": n_jobs,
+    }
