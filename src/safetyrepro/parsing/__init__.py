@@ -1,0 +1,101 @@
+"""Free-form response parsers: raw model text -> a label of the benchmark's label set.
+
+``parse_response(benchmark, text, item)`` is the public entry point; the parser kind and its
+word lists come from the benchmark's task file (``src/safetyrepro/tasks/<benchmark>.yaml``,
+section ``parser``). Parsers never raise on any input and return ``ParseResult(None, False)``
+when the response does not determine a label.
+
+Kinds:
+  * ``choice``  -- multiple choice; the label is the option letter ("A", "B", ...).
+  * ``label``   -- a closed label set (ToxiGen "yes"/"no").
+  * ``refusal`` -- XSTest "comply"/"refuse"/"partial".
+
+``parser_version(benchmark)`` is a content hash of everything that turns a raw output into
+a scored result (this package's source, the task scoring code, and the task file's
+``answer``, ``parser`` and ``scoring`` sections), so any change there changes it and the
+workflow knows to re-score shards from their stored raw outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .choice import ChoiceSpec, parse_choice
+from .label import LabelSpec, parse_label
+from .refusal import RefusalSpec, parse_refusal
+
+REFUSAL_LABELS = ("comply", "refuse", "partial")
+_KIND_MODULES = {"choice": "choice.py", "label": "label.py", "refusal": "refusal.py"}
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    label: str | None
+    ok: bool
+
+
+def _lower_tuple(xs) -> tuple[str, ...]:
+    return tuple(" ".join(str(x).lower().split()) for x in xs)
+
+
+def build_parser(parser: dict, answer: dict) -> tuple[Callable[[Any, dict | None], str | None], tuple[str, ...]]:
+    """A ``(text, item) -> label | None`` function and the label set it can return, from a
+    task file's ``parser`` and ``answer`` sections (already schema-validated)."""
+    kind = parser["kind"]
+    if kind == "choice":
+        spec = ChoiceSpec(markers=_lower_tuple(parser["markers"]),
+                          conclusion_words=_lower_tuple(parser["conclusion_words"]),
+                          letters=answer["letters"])
+
+        def run(text, item):
+            choices = item.get("choices") if isinstance(item, dict) else None
+            choices = [str(c) for c in choices] if choices is not None and len(choices) else None
+            return parse_choice(spec, text, choices)
+
+        return run, tuple(answer["letters"])
+    if kind == "label":
+        labels = tuple(answer["labels"])
+        spec = LabelSpec(
+            labels=labels,
+            markers=_lower_tuple(parser["markers"]),
+            answer_words=tuple((lab, _lower_tuple(parser["answer_words"].get(lab, ()))) for lab in labels),
+            phrases=tuple((lab, _lower_tuple(parser["phrases"].get(lab, ()))) for lab in labels),
+            negations=_lower_tuple(parser["negations"]),
+            abstain=_lower_tuple(parser["abstain"]),
+        )
+        return (lambda text, item: parse_label(spec, text)), labels
+    if kind == "refusal":
+        spec = RefusalSpec(markers=_lower_tuple(parser["markers"]),
+                           refusal_phrases=_lower_tuple(parser["refusal_phrases"]),
+                           not_refusal=_lower_tuple(parser["not_refusal"]),
+                           pivot_phrases=_lower_tuple(parser["pivot_phrases"]),
+                           opening_sentences=int(parser["opening_sentences"]))
+        return (lambda text, item: parse_refusal(spec, text)), REFUSAL_LABELS
+    raise ValueError(f"unknown parser kind {kind!r}")  # unreachable after schema validation
+
+
+def parse_response(benchmark: str, text: object, item: dict | None = None) -> ParseResult:
+    """Parse one free-form response of ``benchmark``. With ``item`` (a canonical item row),
+    multiple-choice parsing is limited to that item's letters and also recognises an answer
+    given as an option's text. Never raises on any ``text``."""
+    from ..tasks import load_task
+
+    return load_task(benchmark).parse(text, item)
+
+
+def source_text(kind: str | None = None) -> str:
+    """The source of the parsing code a parser kind runs (all kinds when None)."""
+    here = Path(__file__).resolve().parent
+    names = ["__init__.py", "text.py"]
+    names += sorted(_KIND_MODULES.values()) if kind is None else [_KIND_MODULES[kind]]
+    return "\n".join(f"# {n}\n" + (here / n).read_text(encoding="utf-8") for n in names)
+
+
+def parser_version(benchmark: str) -> str:
+    """Content hash of the code and task-file sections that map ``benchmark``'s raw outputs
+    (free-form text or candidate log-likelihoods) to scored results."""
+    from ..tasks import load_task
+
+    return load_task(benchmark).parser_version
