@@ -78,6 +78,66 @@ def certify(
         atomic_write_text(out / "certify.json", to_json(res))
 
 
+@app.command("run-cell")
+def run_cell(
+    config: Path = typer.Option(..., "--config"),
+    model: str = typer.Option(..., "--model"),
+    benchmark: str = typer.Option(..., "--benchmark"),
+    cell: str = typer.Option(..., "--cell", help="config id, e.g. T2-t0.3-k3-freeform"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(..., "--out", help="shard path (.parquet), written atomically"),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="override the model's quantization"),
+    worker: bool = typer.Option(False, "--worker/--no-worker",
+                                help="run inside the persistent per-model worker (started if needed)"),
+):
+    """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
+    kwargs = dict(config=str(config.resolve()), model=model, benchmark=benchmark, cell=cell, seed=seed,
+                  out=str(out.resolve()), quantization=quantization)
+    if worker:
+        from .cell_client import run_cell_via_worker
+
+        summary = run_cell_via_worker(**kwargs)
+    else:
+        from .cells import run_cell as run
+
+        summary = run(**kwargs)
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def aggregate(
+    config: Path = typer.Option(..., "--config"),
+    variant: str = typer.Option("main", "--variant", help="main, or bf16 for the precision check"),
+    out_dir: Path = typer.Option(..., "--out-dir"),
+):
+    """Score every shard (re-parsing raw outputs) into the cell-score grid and item results."""
+    from .aggregate import write_aggregate
+    from .config import load_config
+    from .plan import Plan
+
+    paths = write_aggregate(Plan(load_config(config)), variant, out_dir)
+    typer.echo(json.dumps(paths, indent=2))
+
+
+@app.command("rho-flip")
+def rho_flip_table(
+    cell_scores: Path = typer.Argument(..., help="cell_scores.parquet from `aggregate`"),
+    out: Path = typer.Option(..., "--out", help="pairwise table (.parquet); a .csv is written beside it"),
+):
+    """Per benchmark and model pair: N+, N-, N0, |C|, rho_flip, ceiling, saturated, D1, D2."""
+    from .io import atomic_write_text, read_parquet, write_parquet
+    from .metrics import pairwise_table
+    from .provenance import code_version
+
+    table, meta = read_parquet(cell_scores)
+    pairs = pairwise_table(table.to_pandas()[["model", "benchmark", "config", "score"]])
+    md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
+    md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version()}
+    write_parquet(pairs, out, md)
+    atomic_write_text(out.with_suffix(".csv"), pairs.to_csv(index=False))
+    typer.echo(pairs.to_string(index=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, standalone_mode=False)
