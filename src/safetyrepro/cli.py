@@ -138,6 +138,16 @@ def rho_flip_table(
     typer.echo(pairs.to_string(index=False))
 
 
+def _register_subcommands() -> None:
+    """Commands defined next to the code they drive (each module imports lazily)."""
+    from .items.cli import register as items_cmd
+
+    items_cmd(app)
+
+
+_register_subcommands()
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, standalone_mode=False)
