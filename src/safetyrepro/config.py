@@ -118,7 +118,11 @@ def load_config(path: str | os.PathLike) -> RunConfig:
     path = Path(path)
     if not path.is_absolute() and not path.exists():
         path = PROJECT_ROOT / path
-    raw = load_yaml(path)
+    return config_from_dict(load_yaml(path), path)
+
+
+def config_from_dict(raw: Any, path: str | os.PathLike) -> RunConfig:
+    """Validate an already-parsed config (e.g. Snakemake's ``config``); ``path`` names it."""
     if not isinstance(raw, dict):
         raise ConfigError(path, None, "expected a mapping at the top level")
     validate(raw, "config", path)

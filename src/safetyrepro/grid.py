@@ -7,6 +7,7 @@ scoring). Validity and tiers come from the rules file (:mod:`safetyrepro.rules`)
 from __future__ import annotations
 
 import itertools
+from typing import Callable
 from dataclasses import dataclass
 
 from .rules import AXES, Rules
@@ -58,8 +59,11 @@ def configs(rules: Rules, benchmark: str, envelope: str = "full") -> list[Config
     return out
 
 
-def seeds_for(rules: Rules, cfg: Config) -> list[int]:
-    return list(range(rules.n_seeds(cfg.decoding)))
+SeedCount = Callable[[str], int]  # decoding id -> number of seeds
+
+
+def seeds_for(rules: Rules, cfg: Config, n_seeds: SeedCount | None = None) -> list[int]:
+    return list(range((n_seeds or rules.n_seeds)(cfg.decoding)))
 
 
 def config_tiers(rules: Rules, cfg: Config) -> dict[str, str]:
@@ -75,12 +79,14 @@ def cells(rules: Rules, models: list[str], benchmarks: list[str], envelope: str 
     return [(m, b, c) for m in models for b in benchmarks for c in configs(rules, b, envelope)]
 
 
-def jobs(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full") -> list[Job]:
+def jobs(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full",
+         n_seeds: SeedCount | None = None) -> list[Job]:
     return [Job(m, b, c, s) for (m, b, c) in cells(rules, models, benchmarks, envelope)
-            for s in seeds_for(rules, c)]
+            for s in seeds_for(rules, c, n_seeds)]
 
 
-def summarize(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full") -> dict:
+def summarize(rules: Rules, models: list[str], benchmarks: list[str], envelope: str = "full",
+              n_seeds: SeedCount | None = None) -> dict:
     """Counts the `grid` command prints (and tests check)."""
     per_bench = {}
     for b in benchmarks:
@@ -89,7 +95,7 @@ def summarize(rules: Rules, models: list[str], benchmarks: list[str], envelope: 
             "configs": len(cs),
             "freeform": sum(c.scoring == "freeform" for c in cs),
             "logprob": sum(c.scoring == "logprob" for c in cs),
-            "jobs_per_model": sum(len(seeds_for(rules, c)) for c in cs),
+            "jobs_per_model": sum(len(seeds_for(rules, c, n_seeds)) for c in cs),
         }
     n_cells = len(models) * sum(v["configs"] for v in per_bench.values())
     n_jobs = len(models) * sum(v["jobs_per_model"] for v in per_bench.values())
@@ -102,3 +108,16 @@ def summarize(rules: Rules, models: list[str], benchmarks: list[str], envelope: 
         "cells": n_cells,
         "jobs": n_jobs,
     }
+
+
+
+def summarize_config(cfg, envelope: str | None = None) -> dict:
+    """:func:`summarize` for a RunConfig (honours its seed override), plus the config hash."""
+    out = summarize(cfg.rules, cfg.models, cfg.benchmarks, envelope or cfg.envelope_name, cfg.n_seeds)
+    out["config_hash"] = cfg.hash
+    return out
+
+
+def config_jobs(cfg, envelope: str | None = None) -> list[Job]:
+    """Every (model, benchmark, config, seed) job of a RunConfig."""
+    return jobs(cfg.rules, cfg.models, cfg.benchmarks, envelope or cfg.envelope_name, cfg.n_seeds)

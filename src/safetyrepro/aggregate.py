@@ -1,0 +1,152 @@
+"""Scoring and aggregation: shards -> the cell-score grid and the item-level results.
+
+Free-form raw outputs are re-parsed here with the current parsers (the only place outputs
+become labels), so a parser fix re-scores without re-running any model. Aggregation refuses to
+mix shards that carry different rules stamps or item-subset hashes, or that are stale (their
+fingerprint differs from the plan's), and lists the offending files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import ShardError
+from .grid import Config
+from .io import write_parquet
+from .provenance import code_version
+
+AXES = ("template", "decoding", "shots", "scoring")
+
+
+def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
+    groups = defaultdict(list)
+    for path, m in metas.items():
+        groups[m.get(key)].append(path)
+    if len(groups) > 1:
+        lines = [f"  {k}: {len(v)} shard(s), e.g. " + ", ".join(v[:3]) for k, v in groups.items()]
+        raise ShardError(f"shards carry different {what}; refusing to mix them:\n" + "\n".join(lines)
+                         + "\nrerun the stale cells (snakemake reruns them when their fingerprint changed)")
+
+
+def aggregate(plan, variant: str = "main", progress: bool = True):
+    """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
+    from tqdm import tqdm
+
+    from .cells import read_shard
+    from .items import read_items
+    from .tasks import load_task
+
+    cfg = plan.cfg
+    jobs = plan.jobs(variant)
+    metas, tables = {}, {}
+    problems = []
+    for j in tqdm(jobs, desc=f"reading shards ({variant})", disable=not progress):
+        p = str(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant))
+        try:
+            t, m = read_shard(p)
+        except ShardError as exc:
+            problems.append(str(exc))
+            continue
+        expected = plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, variant)
+        if m.get("fingerprint") != expected:
+            problems.append(f"{p}: stale (written for fingerprint {str(m.get('fingerprint'))[:12]}, "
+                            f"plan expects {expected[:12]})")
+            continue
+        metas[p], tables[p] = m, t
+    if problems:
+        raise ShardError(f"{len(problems)} shard(s) missing, corrupt or stale:\n  "
+                         + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else ""))
+    _check_consistent(metas, "rules_stamp", "rules stamps")
+    for b in cfg.benchmarks:
+        _check_consistent({p: m for p, m in metas.items() if m["benchmark"] == b}, "subset_hash",
+                          f"item-subset hashes for {b}")
+
+    items_by_bench = {}
+    for b in cfg.benchmarks:
+        df, im = read_items(plan.items_path(b))
+        items_by_bench[b] = ({r["item_id"]: r for r in df.to_dict(orient="records")}, im)
+
+    per_seed = defaultdict(dict)   # (model, bench, cfg) -> seed -> summary
+    item_rows = []
+    for p, m in metas.items():
+        b = m["benchmark"]
+        task = load_task(b)
+        items, im = items_by_bench[b]
+        if m["subset_hash"] != im.get("subset_hash"):
+            raise ShardError(f"{p}: item-subset hash {m['subset_hash'][:12]} differs from the current "
+                             f"items file {plan.items_path(b)} ({str(im.get('subset_hash'))[:12]})")
+        rows = tables[p].to_pylist()
+        results, its = [], []
+        for r in rows:
+            it = items.get(r["item_id"])
+            if it is None:
+                raise ShardError(f"{p}: item {r['item_id']} is not in {plan.items_path(b)}")
+            if m["scoring"] == "freeform":
+                res = task.score_freeform(it, r["raw_output"] or "")
+                chosen = None
+            else:
+                res = task.score_logprob(it, list(r["cand_logliks"]), list(r["cand_ntokens"]))
+                chosen = res.chosen_index
+            results.append(res)
+            its.append(it)
+            item_rows.append({"model": m["model"], "benchmark": b, "config": m["cell"], "seed": m["seed"],
+                              "item_id": r["item_id"], "parsed_label": res.parsed_label,
+                              "parse_ok": bool(res.parse_ok), "correct": bool(res.correct),
+                              "chosen_index": chosen, "stratum": it.get("stratum"),
+                              "quantization": m["quantization"]})
+        summary = task.summarize(results, its)
+        summary["quantization"] = m["quantization"]
+        summary["subset_hash"] = m["subset_hash"]
+        per_seed[(m["model"], b, m["cell"])][m["seed"]] = summary
+
+    rules = cfg.rules
+    cell_rows = []
+    for (model, b, cid), seeds in sorted(per_seed.items()):
+        c = Config.parse(cid)
+        ordered = [seeds[s] for s in sorted(seeds)]
+        scores = [float(s["score"]) for s in ordered]
+        tiers = {f"tier_{a}": rules.tier(a, getattr(c, a)) for a in AXES}
+        extras = {k: float(np.mean([s["extras"][k] for s in ordered if k in s.get("extras", {})]))
+                  for k in ordered[0].get("extras", {})
+                  if all(isinstance(s.get("extras", {}).get(k), (int, float)) for s in ordered)}
+        cell_rows.append({
+            "model": model, "benchmark": b, "config": cid, **c.levels(), **tiers,
+            "core": all(t == "core" for t in tiers.values()),
+            "score": float(np.mean(scores)), "score_sd": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
+            "n_seeds": len(scores), "seed_scores": scores,
+            "parse_rate": float(min(s["parse_rate"] for s in ordered)),
+            "n_items": int(ordered[0]["n_items"]), "extras": json.dumps(extras, sort_keys=True),
+            "quantization": ordered[0]["quantization"], "rules_stamp": rules.stamp,
+            "subset_hash": ordered[0]["subset_hash"],
+        })
+    cells = pd.DataFrame(cell_rows)
+    items_df = pd.DataFrame(item_rows)
+    meta = {
+        "kind": "cell_scores", "variant": variant, "rules_stamp": rules.stamp, "config_hash": cfg.hash,
+        "code_version": code_version(), "scoring_fingerprint": plan.scoring_code,
+        "subset_hashes": {b: items_by_bench[b][1].get("subset_hash") for b in cfg.benchmarks},
+        "n_shards": len(metas), "n_cells": len(cells),
+        "shard_fingerprints": {p: metas[p]["fingerprint"] for p in sorted(metas)},
+    }
+    return cells, items_df, meta
+
+
+def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
+    out_dir = Path(out_dir)
+    cells, items_df, meta = aggregate(plan, variant)
+    suffix = "" if variant == "main" else f"_{variant}"
+    paths = {"cell_scores": out_dir / f"cell_scores{suffix}.parquet"}
+    write_parquet(cells, paths["cell_scores"], meta)
+    if variant == "main":
+        from .io import atomic_write_text
+
+        paths["cell_scores_csv"] = out_dir / "cell_scores.csv"
+        atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
+        paths["item_results"] = out_dir / "item_results.parquet"
+        write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
+    return {k: str(v) for k, v in paths.items()}

@@ -1,0 +1,173 @@
+"""The `safetyrepro` command line. Each subcommand is a thin shell over package functions;
+heavy imports (torch, pandas, ...) happen inside the commands so that start-up stays cheap
+for the many short processes a workflow spawns."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .errors import SafetyReproError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="SafetyRepro: how often does 'model A is safer than model B' flip across harness choices?")
+
+
+@app.command()
+def grid(
+    config: Path = typer.Option(..., "--config", help="run config YAML"),
+    envelope: Optional[str] = typer.Option(None, "--envelope", help="sub-envelope (default: the config's)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    list_cells: bool = typer.Option(False, "--list", help="also list every config id"),
+):
+    """Enumerate the valid cells of a config's envelope and print the counts and rules stamp."""
+    from . import grid as grid_mod
+    from .config import load_config
+
+    cfg = load_config(config)
+    env = envelope or cfg.envelope_name
+    cfg.rules.sub_envelope(env)  # validates the name
+    summary = grid_mod.summarize_config(cfg, env)
+    if list_cells:
+        summary["configs"] = {b: [c.id for c in grid_mod.configs(cfg.rules, b, env)] for b in cfg.benchmarks}
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    typer.echo(f"config      {cfg.path}  (hash {cfg.hash[:12]})")
+    typer.echo(f"rules       {cfg.rules.path}  version {cfg.rules.version}")
+    typer.echo(f"rules stamp {cfg.rules.stamp}")
+    typer.echo(f"envelope    {env}")
+    typer.echo(f"models      {len(cfg.models)}: {', '.join(cfg.models)}")
+    typer.echo(f"{'benchmark':<12} {'configs':>7} {'freeform':>8} {'logprob':>7} {'jobs/model':>10}")
+    for b, v in summary["benchmarks"].items():
+        typer.echo(f"{b:<12} {v['configs']:>7} {v['freeform']:>8} {v['logprob']:>7} {v['jobs_per_model']:>10}")
+    typer.echo(f"valid (model, benchmark, config) cells: {summary['cells']}")
+    typer.echo(f"(model, benchmark, config, seed) jobs:  {summary['jobs']}")
+    if list_cells:
+        for b, ids in summary["configs"].items():
+            typer.echo(f"{b}: {' '.join(ids)}")
+
+
+@app.command()
+def certify(
+    scores: Path = typer.Argument(..., help="long score table (CSV or Parquet): model, benchmark, config, score"),
+    as_json: bool = typer.Option(False, "--json", help="JSON output"),
+    out: Optional[Path] = typer.Option(None, "--out", help="also write pairs.csv, benchmarks.csv and certify.json here"),
+    config_cols: Optional[str] = typer.Option(None, "--config-cols",
+                                              help="comma-separated axis columns that replace the 'config' column"),
+    drop_incomplete: bool = typer.Option(False, "--drop-incomplete",
+                                         help="drop configs missing for some model (for every model) instead of failing"),
+    tol: float = typer.Option(0.0, "--tol", help="score differences with |d| <= tol count as ties"),
+):
+    """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table."""
+    from .certify import certify as run, to_json, to_text
+    from .io import atomic_write_text
+
+    cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
+    res = run(scores, cols, drop_incomplete, tol)
+    text = to_json(res) if as_json else to_text(res)
+    typer.echo(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "pairs.csv", res.pairs.to_csv(index=False))
+        atomic_write_text(out / "benchmarks.csv", res.summary.to_csv(index=False))
+        atomic_write_text(out / "certify.json", to_json(res))
+
+
+@app.command("run-cell")
+def run_cell(
+    config: Path = typer.Option(..., "--config"),
+    model: str = typer.Option(..., "--model"),
+    benchmark: str = typer.Option(..., "--benchmark"),
+    cell: str = typer.Option(..., "--cell", help="config id, e.g. T2-t0.3-k3-freeform"),
+    seed: int = typer.Option(0, "--seed"),
+    out: Path = typer.Option(..., "--out", help="shard path (.parquet), written atomically"),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="override the model's quantization"),
+    worker: bool = typer.Option(False, "--worker/--no-worker",
+                                help="run inside the persistent per-model worker (started if needed)"),
+):
+    """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
+    kwargs = dict(config=str(config.resolve()), model=model, benchmark=benchmark, cell=cell, seed=seed,
+                  out=str(out.resolve()), quantization=quantization)
+    if worker:
+        from .cell_client import run_cell_via_worker
+
+        summary = run_cell_via_worker(**kwargs)
+    else:
+        from .cells import run_cell as run
+
+        summary = run(**kwargs)
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def aggregate(
+    config: Path = typer.Option(..., "--config"),
+    variant: str = typer.Option("main", "--variant", help="main, or bf16 for the precision check"),
+    out_dir: Path = typer.Option(..., "--out-dir"),
+):
+    """Score every shard (re-parsing raw outputs) into the cell-score grid and item results."""
+    from .aggregate import write_aggregate
+    from .config import load_config
+    from .plan import Plan
+
+    paths = write_aggregate(Plan(load_config(config)), variant, out_dir)
+    typer.echo(json.dumps(paths, indent=2))
+
+
+@app.command("rho-flip")
+def rho_flip_table(
+    cell_scores: Path = typer.Argument(..., help="cell_scores.parquet from `aggregate`"),
+    out: Path = typer.Option(..., "--out", help="pairwise table (.parquet); a .csv is written beside it"),
+):
+    """Per benchmark and model pair: N+, N-, N0, |C|, rho_flip, ceiling, saturated, D1, D2."""
+    from .io import atomic_write_text, read_parquet, write_parquet
+    from .metrics import pairwise_table
+    from .provenance import code_version
+
+    table, meta = read_parquet(cell_scores)
+    pairs = pairwise_table(table.to_pandas()[["model", "benchmark", "config", "score"]])
+    md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
+    md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version()}
+    write_parquet(pairs, out, md)
+    atomic_write_text(out.with_suffix(".csv"), pairs.to_csv(index=False))
+    typer.echo(pairs.to_string(index=False))
+
+
+def _register_subcommands() -> None:
+    """Commands defined next to the code they drive (each module imports lazily)."""
+    from .items.cli import register as items_cmd
+
+    items_cmd(app)
+
+
+_register_subcommands()
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        app(args=argv, standalone_mode=False)
+    except SafetyReproError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    except typer.Exit as exc:  # --help and friends
+        return exc.exit_code
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        return 1
+    except Exception as exc:
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            return 2
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,20 @@
+"""The paper's metrics: sign counts, rho_flip, its ceiling, Prop. 1's D1/D2, orderings
+reachable and tau_R; and the per-benchmark tables built from them."""
+
+from .flips import (
+    SignCounts,
+    ceiling,
+    d1,
+    d2,
+    orderings,
+    pair_stats,
+    rho_flip,
+    sign_counts,
+    tau_r,
+)
+from .tables import benchmark_summary, pairwise_table, score_matrix
+
+__all__ = [
+    "SignCounts", "ceiling", "d1", "d2", "orderings", "pair_stats", "rho_flip", "sign_counts",
+    "tau_r", "benchmark_summary", "pairwise_table", "score_matrix",
+]

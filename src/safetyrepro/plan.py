@@ -1,0 +1,123 @@
+"""The workflow's plan: every output path and the fingerprint that decides when it is stale.
+
+The Snakefile asks this module for targets, paths and `params` fingerprints, so rules hold no
+logic. Fingerprints are content hashes of exactly what can change a job's output:
+
+* a cell (raw model outputs): model source + quantization, the template's own text hash, the
+  shots / decoding / scoring levels, seed, max_new_tokens, the rules stamp and the inference
+  code (models/, inference/, cells.py, prompt rendering) — *not* the parsers or metrics, so a
+  parser fix re-scores without re-running any model;
+* scoring/aggregation: parser versions and the scoring code;
+* items: the benchmark's config section, the items seed and the items code.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import grid
+from .config import RunConfig
+from .hashing import canonical_hash
+from .paths import PACKAGE_DIR
+
+VARIANTS = ("main", "bf16")   # bf16 = the precision check on the conservative_core sub-envelope
+
+
+def source_hash(*rel_paths: str, exclude: tuple[str, ...] = ()) -> str:
+    """sha256 over the package sources under the given relative paths (files or folders)."""
+    h = hashlib.sha256()
+    for rel in rel_paths:
+        p = PACKAGE_DIR / rel
+        files = sorted(p.rglob("*")) if p.is_dir() else [p]
+        for f in files:
+            if f.suffix not in {".py", ".yaml", ".json"} or "__pycache__" in f.parts:
+                continue
+            if f.name in exclude:
+                continue
+            h.update(str(f.relative_to(PACKAGE_DIR)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Plan:
+    cfg: RunConfig
+
+    # ---- paths ----------------------------------------------------------------------------
+    @property
+    def results(self) -> Path:
+        return self.cfg.results_dir
+
+    def items_path(self, benchmark: str) -> Path:
+        return self.results / "items" / f"{benchmark}.parquet"
+
+    def fewshot_path(self, benchmark: str) -> Path:
+        return self.results / "items" / f"{benchmark}.fewshot.parquet"
+
+    def model_marker(self, model: str) -> Path:
+        return self.results / "models" / f"{model}.json"
+
+    def shard_path(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main") -> Path:
+        root = "shards" if variant == "main" else f"shards_{variant}"
+        return self.results / root / model / benchmark / config_id / f"s{seed}.parquet"
+
+    # ---- jobs -----------------------------------------------------------------------------
+    def jobs(self, variant: str = "main") -> list[grid.Job]:
+        env = self.cfg.envelope_name if variant == "main" else "conservative_core"
+        return grid.config_jobs(self.cfg, env)
+
+    def shards(self, variant: str = "main") -> list[str]:
+        return [str(self.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant)) for j in self.jobs(variant)]
+
+    @property
+    def precision_check(self) -> bool:
+        if not self.cfg.section("analysis").get("precision_check", False):
+            return False
+        return any(self.cfg.model(m).get("quantization", "nf4") != "bf16" for m in self.cfg.models)
+
+    def quantization(self, model: str, variant: str = "main") -> str:
+        return "bf16" if variant == "bf16" else self.cfg.model(model).get("quantization", "nf4")
+
+    # ---- fingerprints ---------------------------------------------------------------------
+    @functools.cached_property
+    def inference_code(self) -> str:
+        return source_hash("models", "inference", "cells.py", "tasks", exclude=("parsing.py",))
+
+    @functools.cached_property
+    def scoring_code(self) -> str:
+        from .parsing import parser_version
+
+        return canonical_hash({"parsers": {b: parser_version(b) for b in self.cfg.benchmarks},
+                               "code": source_hash("aggregate.py", "tasks", "parsing.py")})
+
+    @functools.lru_cache(maxsize=None)
+    def template_hash(self, benchmark: str, template: str) -> str:
+        from .tasks import load_task
+
+        return load_task(benchmark).template_hash(template)
+
+    def model_fingerprint(self, model: str, variant: str = "main") -> str:
+        m = self.cfg.model(model)
+        return canonical_hash({"source": m["source"], "quantization": self.quantization(model, variant)})
+
+    def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main") -> str:
+        c = grid.Config.parse(config_id)
+        rules = self.cfg.rules
+        return canonical_hash({
+            "model": self.model_fingerprint(model, variant),
+            "template": self.template_hash(benchmark, c.template),
+            "decoding": rules.level("decoding", c.decoding),
+            "shots": rules.level("shots", c.shots),
+            "scoring": c.scoring,
+            "seed": int(seed),
+            "max_new_tokens": self.cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
+            "rules_stamp": rules.stamp,
+            "code": self.inference_code,
+        })
+
+    def items_fingerprint(self, benchmark: str) -> str:
+        return canonical_hash({"benchmark": self.cfg.benchmark(benchmark), "data": self.cfg.section("data"),
+                               "code": source_hash("items")})

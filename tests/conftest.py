@@ -1,0 +1,28 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data" / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def project_root() -> Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    assert SHARED_DATA.is_dir(), f"benchmark data expected at {SHARED_DATA}"
+    return SHARED_DATA
+
+
+def run_cli(*args: str, cwd: Path | None = None):
+    """Run the installed console script in a subprocess; returns CompletedProcess."""
+    import subprocess
+
+    exe = Path(sys.executable).with_name("safetyrepro")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT,
+                          env={**os.environ}, timeout=300)

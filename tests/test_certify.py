@@ -1,0 +1,97 @@
+import json
+
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+
+
+def _table(rows):
+    return pd.DataFrame(rows, columns=["model", "benchmark", "config", "score"])
+
+
+HAND = [
+    # bbq: A vs B -> N+ = 2 (c1, c4), N- = 1 (c2), N0 = 1 (c3): rho = 1/4
+    ("A", "bbq", "c1", 0.9), ("B", "bbq", "c1", 0.5),
+    ("A", "bbq", "c2", 0.4), ("B", "bbq", "c2", 0.5),
+    ("A", "bbq", "c3", 0.4), ("B", "bbq", "c3", 0.4),
+    ("A", "bbq", "c4", 0.8), ("B", "bbq", "c4", 0.2),
+    # xstest: A always ahead -> rho 0, D1 and D2
+    ("A", "xstest", "c1", 0.9), ("B", "xstest", "c1", 0.1),
+    ("A", "xstest", "c2", 0.8), ("B", "xstest", "c2", 0.2),
+]
+
+
+def test_certify_hand_table_json(tmp_path):
+    p = tmp_path / "scores.csv"
+    _table(HAND).to_csv(p, index=False)
+    r = run_cli("certify", str(p), "--json", "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    pairs = {x["benchmark"]: x for x in j["pairs"]}
+    assert (pairs["bbq"]["n_plus"], pairs["bbq"]["n_minus"], pairs["bbq"]["n_zero"]) == (2, 1, 1)
+    assert pairs["bbq"]["rho_flip"] == pytest.approx(0.25) and pairs["bbq"]["ceiling"] == 0.5
+    assert pairs["xstest"]["rho_flip"] == 0 and pairs["xstest"]["d1"] and pairs["xstest"]["d2"]
+    bench = {x["benchmark"]: x for x in j["benchmarks"]}
+    assert bench["bbq"]["orderings_reachable"] == 2 and bench["bbq"]["orderings_possible"] == 2
+    assert (tmp_path / "out" / "pairs.csv").exists() and (tmp_path / "out" / "certify.json").exists()
+
+
+def test_certify_text_and_parquet(tmp_path):
+    p = tmp_path / "scores.parquet"
+    _table(HAND).to_parquet(p)
+    r = run_cli("certify", str(p))
+    assert r.returncode == 0, r.stderr
+    assert "rho_flip" in r.stdout and "0.250" in r.stdout and "2 of 2" in r.stdout
+
+
+def test_certify_config_cols(tmp_path):
+    rows = []
+    for t in ("T1", "T2"):
+        for k in ("k0", "k3"):
+            rows.append(dict(model="A", benchmark="bbq", template=t, shots=k, score=0.5 + (t == "T1") * 0.1))
+            rows.append(dict(model="B", benchmark="bbq", template=t, shots=k, score=0.55))
+    p = tmp_path / "axes.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    r = run_cli("certify", str(p), "--json", "--config-cols", "template,shots")
+    assert r.returncode == 0, r.stderr
+    pair = json.loads(r.stdout)["pairs"][0]
+    assert (pair["n_plus"], pair["n_minus"], pair["n_configs"]) == (2, 2, 4)
+    assert pair["saturated"]
+
+
+@pytest.mark.parametrize("rows, cols, needle", [
+    ([("A", "bbq", "c1", 0.5)], ["model", "benchmark", "cfg", "score"], "missing column(s) ['config']"),
+    ([("A", "bbq", "c1", "high"), ("B", "bbq", "c1", 0.2)], None, "non-numeric, NaN or infinite score in row(s) [2]"),
+    ([("A", "bbq", "c1", None), ("B", "bbq", "c1", 0.2)], None, "row(s) [2]"),
+    ([("A", "bbq", "c1", 0.1), ("A", "bbq", "c1", 0.3), ("B", "bbq", "c1", 0.2)], None,
+     "duplicate (model, benchmark, config) rows: (A, bbq, c1)"),
+    ([("A", "bbq", "c1", 0.1), ("B", "bbq", "c1", 0.3), ("A", "bbq", "c2", 0.2)], None,
+     "missing cells:\n  bbq: B @ c2"),
+])
+def test_certify_malformed_tables(tmp_path, rows, cols, needle):
+    p = tmp_path / "bad.csv"
+    pd.DataFrame(rows, columns=cols or ["model", "benchmark", "config", "score"]).to_csv(p, index=False)
+    r = run_cli("certify", str(p))
+    assert r.returncode == 2
+    assert str(p) in r.stderr
+    assert needle in r.stderr
+    assert r.stdout == ""
+
+
+def test_certify_drop_incomplete(tmp_path):
+    rows = HAND + [("A", "bbq", "c5", 0.1)]
+    p = tmp_path / "inc.csv"
+    _table(rows).to_csv(p, index=False)
+    r = run_cli("certify", str(p), "--json", "--drop-incomplete")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["dropped_configs"] == {"bbq": ["c5"]}
+    assert {x["benchmark"]: x["n_configs"] for x in j["pairs"]}["bbq"] == 4
+    r = run_cli("certify", str(p), "--drop-incomplete")
+    assert "dropped 1 incomplete config(s)" in r.stdout
+
+
+def test_certify_missing_file(tmp_path):
+    r = run_cli("certify", str(tmp_path / "nope.csv"))
+    assert r.returncode == 2 and "file not found" in r.stderr

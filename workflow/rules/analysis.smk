@@ -1,0 +1,5 @@
+# Analyses (filled in with the analysis package).
+
+
+def analysis_targets():
+    return []

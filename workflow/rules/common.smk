@@ -1,0 +1,56 @@
+# Shared set-up: validate the config against config/schema, build the plan, and define the
+# input functions and wildcard constraints every other rule file uses.
+import sys
+from pathlib import Path
+
+from safetyrepro.config import config_from_dict, load_config
+from safetyrepro.errors import SafetyReproError
+from safetyrepro.plan import Plan
+
+CONFIG_PATH = str(Path(workflow.configfiles[-1]).resolve())
+try:
+    RUN = config_from_dict(config, CONFIG_PATH)
+    if RUN.data != load_config(CONFIG_PATH).data:
+        raise SafetyReproError(
+            f"{CONFIG_PATH}: --config overrides are not supported; every job reads the config "
+            "file, so write the change into a config file and pass it with --configfile"
+        )
+except SafetyReproError as exc:
+    sys.exit(f"error: {exc}")
+
+PLAN = Plan(RUN)
+RESULTS = str(PLAN.results)
+SR = f'"{sys.executable}" -m safetyrepro'  # the package CLI, in this interpreter's env
+
+
+wildcard_constraints:
+    model="|".join(re.escape(m) for m in RUN.models),
+    benchmark="|".join(RUN.benchmarks),
+    config=r"T[0-9A-Za-z.]+-[0-9A-Za-z.]+-k[0-9]+-(freeform|logprob)",
+    seed=r"[0-9]+",
+
+
+def all_targets():
+    targets = [
+        f"{RESULTS}/tables/cell_scores.parquet",
+        f"{RESULTS}/tables/rho_flip.parquet",
+    ]
+    targets += analysis_targets()
+    return targets
+
+
+def cell_inputs(wildcards):
+    return {
+        "items": str(PLAN.items_path(wildcards.benchmark)),
+        "fewshot": str(PLAN.fewshot_path(wildcards.benchmark)),
+        "model": str(PLAN.model_marker(wildcards.model)),
+    }
+
+
+def cell_fingerprint(model, variant):
+    """A params function for one model's cell rule (bound here, not in a loop lambda)."""
+
+    def fingerprint(wildcards):
+        return PLAN.cell_fingerprint(model, wildcards.benchmark, wildcards.config, int(wildcards.seed), variant)
+
+    return fingerprint

@@ -1,0 +1,13 @@
+# Benchmark item subsets and few-shot pools (read from the configured data directory).
+
+
+rule items:
+    output:
+        items=f"{RESULTS}/items/{{benchmark}}.parquet",
+        fewshot=f"{RESULTS}/items/{{benchmark}}.fewshot.parquet",
+    params:
+        fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
+    log:
+        f"{RESULTS}/logs/items/{{benchmark}}.log",
+    shell:
+        "{SR} items --config {CONFIG_PATH} --benchmark {wildcards.benchmark} 2> {log}"

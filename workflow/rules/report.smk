@@ -1,0 +1,1 @@
+# Report (filled in with the analysis package).
