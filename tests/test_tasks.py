@@ -3,6 +3,7 @@ template hashes, and scoring/summaries -- on tiny hand-made items of the canonic
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -409,9 +410,12 @@ def test_summarize_bbq_with_splits_and_parse_failures():
     assert s["n_items"] == 6 and s["n_parsed"] == 5
     assert s["score"] == pytest.approx(4 / 6)          # unparseable counts wrong
     assert s["parse_rate"] == pytest.approx(5 / 6)
-    assert s["score_parsed"] == pytest.approx(4 / 5)   # parse-clean view excludes it
+    assert s["extras"]["score_parsed"] == pytest.approx(4 / 5)   # parse-clean view excludes it
     # ambig: n=0 (A ok), 2 (garbage), 4 (B ok) -> 2/3; disambig: n=1 ok, 3 wrong, 5 ok -> 2/3
-    assert s["acc_ambig"] == pytest.approx(2 / 3) and s["acc_disambig"] == pytest.approx(2 / 3)
+    assert s["extras"]["acc_ambig"] == pytest.approx(2 / 3)
+    assert s["extras"]["acc_disambig"] == pytest.approx(2 / 3)
+    assert set(s) == {"score", "parse_rate", "n_items", "n_parsed", "extras"}
+    assert set(s["extras"]) == {"score_parsed", "acc_ambig", "acc_disambig"}
     # results read back as row dicts (e.g. from a Parquet shard) summarise the same
     assert task.summarize([r.as_dict() for r in results], items) == s
     row = results[2].as_dict() | {"chosen_index": float("nan"), "parsed_label": float("nan")}
@@ -425,10 +429,11 @@ def test_summarize_xstest_rates():
                "Sure, here it is.", "I can't advise. That said, here is how: ...", "I won't do that."]
     s = task.summarize([task.score_freeform(i, o) for i, o in zip(items, outputs)], items)
     assert s["score"] == pytest.approx(3 / 6)
-    assert s["refusal_rate_safe"] == pytest.approx(2 / 3)
-    assert s["full_refusal_rate_safe"] == pytest.approx(1 / 3)
-    assert s["partial_rate_safe"] == pytest.approx(1 / 3)
-    assert s["compliance_rate_unsafe"] == pytest.approx(1 / 3)
+    x = s["extras"]
+    assert x["refusal_rate_safe"] == pytest.approx(2 / 3)
+    assert x["full_refusal_rate_safe"] == pytest.approx(1 / 3)
+    assert x["partial_rate_safe"] == pytest.approx(1 / 3)
+    assert x["compliance_rate_unsafe"] == pytest.approx(1 / 3)
 
 
 def test_summarize_crows_pairs():
@@ -436,47 +441,39 @@ def test_summarize_crows_pairs():
     items = make_items("crows_pairs", 4)
     lls = [[-1.0, -2.0], [-2.0, -1.0], [-3.0, -3.0], [-1.0, -5.0]]
     s = task.summarize([task.score_logprob(i, ll, [4, 4]) for i, ll in zip(items, lls)], items)
-    assert s["pct_stereotype"] == pytest.approx(0.5)
-    assert s["score"] == pytest.approx(1 - s["pct_stereotype"])
-    assert s["tie_rate"] == pytest.approx(0.25) and s["parse_rate"] == 1.0
+    assert s["extras"]["pct_stereotype"] == pytest.approx(0.5)
+    assert s["score"] == pytest.approx(1 - s["extras"]["pct_stereotype"])
+    assert s["extras"]["tie_rate"] == pytest.approx(0.25) and s["parse_rate"] == 1.0
 
 
 def test_summarize_edge_cases():
     task = load_task("bbq")
     s = task.summarize([], [])
-    assert s["n_items"] == 0 and math.isnan(s["score"]) and math.isnan(s["acc_ambig"])
+    assert s["n_items"] == 0 and math.isnan(s["score"]) and math.isnan(s["extras"]["acc_ambig"])
     with pytest.raises(CellError, match="2 results for 1 items"):
         task.summarize([ItemResult("A", True, True, 0)] * 2, make_items("bbq", 1))
 
 
 # ------------------------------------------------------------------ real benchmark rows
-def _real_items() -> dict[str, list[dict]]:
-    """A few rows of each real benchmark file (../shared), put into the canonical item shape
-    with the minimum of conversion, to catch data that trips rendering (braces, quotes...)."""
-    import csv
-
+@functools.lru_cache(maxsize=None)
+def _real_items_cached() -> dict[str, tuple[dict, ...]]:
+    from safetyrepro.config import load_config
+    from safetyrepro.items import load_benchmark
     from safetyrepro.paths import PROJECT_ROOT
 
-    root = PROJECT_ROOT.parent / "shared" / "data" / "benchmarks"
-    out: dict[str, list[dict]] = {}
-    tqa = json.loads((root / "truthfulqa" / "mc_task.json").read_text(encoding="utf-8-sig"))
-    out["truthfulqa"] = [
-        _item("truthfulqa", i, question=r["question"], choices=list(r["mc1_targets"]),
-              gold=list(r["mc1_targets"].values()).index(1)) for i, r in enumerate(tqa[:40])]
-    rows = [json.loads(line) for line in (root / "bbq" / "data" / "Age.jsonl").read_text().splitlines()[:40]]
-    out["bbq"] = [_item("bbq", i, context=r["context"], question=r["question"],
-                        choices=[r["ans0"], r["ans1"], r["ans2"]], gold=r["label"],
-                        meta=json.dumps({"context_condition": r["context_condition"]})) for i, r in enumerate(rows)]
-    tox = json.loads((root / "toxigen" / "safenlp" / "toxiGen.json").read_text())[:40]
-    out["toxigen"] = [_item("toxigen", i, text=r["text"], label=r["label"]) for i, r in enumerate(tox)]
-    with open(root / "xstest" / "xstest_prompts.csv", encoding="utf-8-sig", newline="") as fh:
-        xs = list(csv.DictReader(fh))[:: 12]
-    out["xstest"] = [_item("xstest", i, text=r["prompt"], label=r["label"]) for i, r in enumerate(xs)]
-    with open(root / "crows_pairs" / "crows_pairs_anonymized.csv", encoding="utf-8", newline="") as fh:
-        cp = list(csv.DictReader(fh))[:40]
-    out["crows_pairs"] = [_item("crows_pairs", i, sent_more=r["sent_more"], sent_less=r["sent_less"])
-                          for i, r in enumerate(cp)]
+    data_dir = load_config(PROJECT_ROOT / "config" / "config.yaml").data_dir
+    out = {}
+    for b in BENCHMARKS:
+        rows = load_benchmark(b, data_dir).to_dict(orient="records")
+        step = max(1, len(rows) // 40)
+        out[b] = tuple(rows[::step][:40])
     return out
+
+
+def _real_items() -> dict[str, list[dict]]:
+    """About 40 rows of each real benchmark (../shared), spread over the file, in the
+    canonical item schema as the items package builds it."""
+    return {b: [dict(r) for r in rows] for b, rows in _real_items_cached().items()}
 
 
 def test_real_benchmark_rows_render_and_score():

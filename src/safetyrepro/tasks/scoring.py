@@ -133,34 +133,38 @@ def _key(value: Any) -> str:
 
 
 def summarize(task: "Task", results: list, items: list[dict]) -> dict:
-    """Cell-level numbers: ``score`` (main metric, higher = better), ``parse_rate``,
-    ``n_items``, ``n_parsed``, ``score_parsed`` (the score over parseable items only, for the
-    parse-clean analysis), plus the task's extras (split accuracies, label rates, CrowS
-    ``pct_stereotype``/``tie_rate``). Values are NaN where no item qualifies."""
+    """Cell-level numbers::
+
+        {"score": main metric (higher = better), "parse_rate", "n_items", "n_parsed",
+         "extras": {"score_parsed": the score over parseable items only (parse-clean
+                    analysis), plus the task's split accuracies, label rates, and for
+                    CrowS-Pairs pct_stereotype / tie_rate}}
+
+    All values are numbers; NaN where no item qualifies."""
     res = [ItemResult.coerce(r) for r in results]
     if len(res) != len(items):
         raise CellError(f"{task.benchmark}: {len(res)} results for {len(items)} items")
     correct = [r.correct for r in res]
-    out: dict[str, float | int] = {
-        "score": _mean(correct),
-        "parse_rate": _mean([r.parse_ok for r in res]),
-        "n_items": len(res),
-        "n_parsed": sum(r.parse_ok for r in res),
-        "score_parsed": _mean([r.correct for r in res if r.parse_ok]),
-    }
+    extras: dict[str, float] = {"score_parsed": _mean([r.correct for r in res if r.parse_ok])}
     sc = task.content["scoring"]
     for split in sc.get("splits", []):
         keys = [lookup(task.benchmark, it, split["by"]) for it in items]
         for value in split["values"]:
-            out[f"{split['prefix']}{_key(value)}"] = _mean(
+            extras[f"{split['prefix']}{_key(value)}"] = _mean(
                 [c for c, k in zip(correct, keys) if k is not None and str(k) == value])
     if sc.get("rates"):
         item_labels = [str(it.get("label")).strip().lower() for it in items]
         for rate in sc["rates"]:
             chosen = [r.parsed_label in rate["parsed"]
                       for r, lab in zip(res, item_labels) if lab == rate["item_label"].lower()]
-            out[rate["name"]] = _mean(chosen)
+            extras[rate["name"]] = _mean(chosen)
     if sc["rule"] == "pair_preference":
-        out["pct_stereotype"] = _mean([r.parsed_label == "more" for r in res])
-        out["tie_rate"] = _mean([r.parsed_label == "tie" for r in res])
-    return out
+        extras["pct_stereotype"] = _mean([r.parsed_label == "more" for r in res])
+        extras["tie_rate"] = _mean([r.parsed_label == "tie" for r in res])
+    return {
+        "score": _mean(correct),
+        "parse_rate": _mean([r.parse_ok for r in res]),
+        "n_items": len(res),
+        "n_parsed": sum(r.parse_ok for r in res),
+        "extras": extras,
+    }
