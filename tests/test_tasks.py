@@ -516,3 +516,15 @@ def test_exemplar_answers_parse_back_to_their_gold():
                 answer = [m for m in shown if m["role"] == "assistant"][0]["content"]
                 result = task.score_freeform(ex, answer)
                 assert result.parse_ok and result.correct, (benchmark, tid, answer)
+
+
+def test_template_hash_covers_rendering_code_but_not_scoring_code():
+    from safetyrepro.tasks import Task
+    from safetyrepro.tasks import task as task_module
+
+    methods = task_module._RENDER_METHODS
+    assert all(callable(getattr(Task, m)) for m in methods)  # a renamed method fails here
+    assert {"build_messages", "logprob_request", "candidates", "_answer_values"} <= set(methods)
+    assert not {"parse", "score_freeform", "score_logprob", "summarize"} & set(methods)
+    digest = task_module.render_code_hash()
+    assert len(digest) == 64 and digest == task_module.render_code_hash.__wrapped__()

@@ -14,9 +14,6 @@ from typing import Any
 
 from ..errors import DataError
 
-# Bump when the way templates become messages changes (e.g. how instructions are joined to
-# the first user turn); it is part of every template hash.
-RENDER_VERSION = 1
 INSTRUCTIONS_JOINER = "\n\n"
 
 _FORMATTER = string.Formatter()

@@ -6,14 +6,16 @@ Built from a validated task file by :func:`safetyrepro.tasks.loader.load_task_fi
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..hashing import canonical_hash
 from ..parsing import ParseResult, build_parser, source_text
+from . import render as render_module
 from . import scoring
-from .render import (INSTRUCTIONS_JOINER, RENDER_VERSION, choices_of, item_error,
+from .render import (INSTRUCTIONS_JOINER, choices_of, item_error,
                      placeholders, render, text_value)
 from .scoring import ItemResult
 
@@ -53,16 +55,18 @@ class Task:
         return self._template(template_id)["name"]
 
     def template_hash(self, template_id: str) -> str:
-        """sha256 of everything that shapes this template's prompts: its own texts, the
-        benchmark's field mapping and answer presentation (option format, letters, label
-        displays, candidates), and the rendering version. Other templates do not enter it."""
+        """sha256 of everything that shapes this template's prompts and candidates: its own
+        texts, the benchmark's field mapping and answer presentation (option format,
+        letters, label displays, candidates), and the source of the rendering code
+        (:func:`render_code_hash`). Other templates and the parser/scoring sections do not
+        enter it."""
         return canonical_hash({
             "benchmark": self.benchmark,
             "template_id": template_id,
             "template": self._template(template_id),
             "fields": self.content["fields"],
             "answer": self.content["answer"],
-            "render_version": RENDER_VERSION,
+            "render_code": render_code_hash(),
         })
 
     @property
@@ -219,3 +223,19 @@ class Task:
 
     def summarize(self, results: list, items: list[dict]) -> dict:
         return scoring.summarize(self, results, items)
+
+
+# The code that turns a task file + items into messages and candidates (and nothing that
+# only parses or scores): its source is part of every template hash.
+_RENDER_METHODS = ("_template", "_block", "format_options", "_field_values", "_answer_values", "_turn",
+                   "build_messages", "candidates", "candidate_labels", "logprob_request")
+
+
+@functools.lru_cache(maxsize=None)
+def render_code_hash() -> str:
+    """sha256 over the source of the prompt-rendering code: ``tasks/render.py``, the Task
+    methods that build messages and candidates, and the gold lookups exemplars use."""
+    parts = [inspect.getsource(render_module)]
+    parts += [inspect.getsource(getattr(Task, name)) for name in _RENDER_METHODS]
+    parts += [inspect.getsource(scoring.gold_index), inspect.getsource(scoring.accepted_labels)]
+    return canonical_hash(parts)
