@@ -84,14 +84,18 @@ class Plan:
     # ---- fingerprints ---------------------------------------------------------------------
     @functools.cached_property
     def inference_code(self) -> str:
-        return source_hash("models", "inference", "cells.py", "tasks", exclude=("parsing.py",))
+        # Prompt text is covered per template by the template hash (which hashes the task
+        # YAML's rendering sections and the rendering code); parsers and scoring are not here.
+        return source_hash("models", "inference", "cells.py")
 
     @functools.cached_property
     def scoring_code(self) -> str:
         from .parsing import parser_version
 
+        # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
+        # parser / scoring sections.
         return canonical_hash({"parsers": {b: parser_version(b) for b in self.cfg.benchmarks},
-                               "code": source_hash("aggregate.py", "tasks", "parsing.py")})
+                               "code": source_hash("aggregate.py")})
 
     @functools.lru_cache(maxsize=None)
     def template_hash(self, benchmark: str, template: str) -> str:
