@@ -1,0 +1,45 @@
+"""Shared helpers for the tests/test_items*.py files (real data in ../shared)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+import yaml
+
+from safetyrepro.config import DATA_ENV, load_config
+from safetyrepro.paths import PROJECT_ROOT, resolve
+
+DATA_DIR = resolve(os.environ.get(DATA_ENV) or "../shared/data/benchmarks")
+ENVELOPE = PROJECT_ROOT / "config" / "envelope.yaml"
+
+
+def write_config(tmp_path: Path, benchmarks: dict, data: dict | None = None,
+                 name: str = "items-test.yaml") -> Path:
+    cfg = {"run_name": "items-test", "envelope": {"rules": str(ENVELOPE)},
+           "benchmarks": benchmarks,
+           "models": {"m": {"display_name": "m", "source": {"kind": "local", "path": "/none"}}},
+           "runtime": {"results_dir": str(tmp_path / "results")}}
+    if data is not None:
+        cfg["data"] = data
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def config(tmp_path: Path, benchmarks: dict, data: dict | None = None, name: str = "c.yaml"):
+    return load_config(write_config(tmp_path, benchmarks, data, name))
+
+
+def cli_app() -> typer.Typer:
+    from safetyrepro.items.cli import register
+
+    app = typer.Typer()
+
+    @app.callback()
+    def main() -> None:  # keep `items` a subcommand, as in the project CLI
+        pass
+
+    register(app)
+    return app
