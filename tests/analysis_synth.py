@@ -16,7 +16,7 @@ import pandas as pd
 
 from safetyrepro import grid
 from safetyrepro.io import write_parquet
-from safetyrepro.provenance import code_version_string
+from safetyrepro.provenance import code_version
 from safetyrepro.rules import load_rules
 
 MODELS = ["alpha", "beta", "gamma"]
@@ -111,8 +111,8 @@ def make_dataset(out: Path, n_items: int = 40, seed: int = 7, models=MODELS, ben
                     "n_seeds": len(seed_scores), "seed_scores": seed_scores,
                     "parse_rate": float(min(parse_rates)), "n_items": n_items, "extras": "{}",
                     "quantization": quantization, "rules_stamp": rules.stamp, "subset_hash": subset_hashes[b]})
-    meta = {"rules_stamp": rules.stamp, "config_hash": CONFIG_HASH, "code_version": code_version_string(),
-            "subset_hashes": subset_hashes, "shards": []}
+    meta = {"rules_stamp": rules.stamp, "config_hash": CONFIG_HASH, "code_version": code_version(),
+            "subset_hashes": subset_hashes, "shard_fingerprints": {}}
     cells = pd.DataFrame(cell_rows)
     write_parquet(cells, out / "cell_scores.parquet", meta)
     write_parquet(pd.concat(item_rows, ignore_index=True), out / "item_results.parquet", meta)

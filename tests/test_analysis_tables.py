@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis_synth import hand_cells, hand_meta, write_hand
-from safetyrepro.analysis.common import load_cell_scores
+from safetyrepro.analysis.common import load_cell_scores, version_text
 from safetyrepro.analysis.tables import (bootstrap_rho, parse_clean, table2, table3, table4, tau_r_table,
                                          write_paper_tables)
 from safetyrepro.errors import DataError
@@ -190,3 +190,10 @@ def test_missing_stamp_metadata_is_refused(tmp_path, cells):
     p = write_hand(cells, tmp_path / "nostamp.parquet", meta)
     with pytest.raises(DataError, match="config_hash"):
         write_paper_tables(p, tmp_path / "out", bootstrap_samples=5)
+
+
+def test_version_text():
+    cv = {"package_version": "0.1.0", "git_commit": "0123456789abcdef0123-dirty", "source_sha256": "f" * 64}
+    assert version_text(cv) == "0.1.0+0123456789ab-dirty.srcffffffffffff"
+    assert version_text({"package_version": "0.1.0", "git_commit": None}) == "0.1.0+nogit"
+    assert version_text("0.1.0+hand") == "0.1.0+hand"

@@ -1,6 +1,5 @@
 """ANOVA against a textbook two-factor design worked by hand; rho and SHAP on crafted grids."""
 
-import itertools
 import math
 
 import numpy as np

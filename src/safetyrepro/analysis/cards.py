@@ -24,7 +24,7 @@ from ..errors import ConfigError, DataError
 from ..io import atomic_write_text
 from ..metrics import pairwise_table
 from ..provenance import code_version_string
-from .common import AXES, load_cell_scores
+from .common import load_cell_scores, version_text
 
 CARD_VERSION = 1
 
@@ -166,8 +166,8 @@ def card_markdown(card: dict) -> str:
         f"n = {', '.join(map(str, card['items']['n_items'])) or '?'}) |",
         f"| rules stamp | `{card['rules_stamp']}` |",
         f"| config hash | `{card['config_hash']}` |",
-        f"| code version | run {card['code_version']['run']}; cell scores {card['code_version']['cell_scores']}; "
-        f"analysis {card['code_version']['analysis']} |",
+        f"| code version | run {version_text(card['code_version']['run'])}; cell scores "
+        f"{version_text(card['code_version']['cell_scores'])}; analysis {card['code_version']['analysis']} |",
         "", "## Envelope", "",
         f"{e['n_configs']} configs; score range {e['score_min']:.3f} ({e['config_min']}) to "
         f"{e['score_max']:.3f} ({e['config_max']}), width {e['score_range']:.3f}, median {e['score_median']:.3f}.",

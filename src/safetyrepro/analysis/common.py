@@ -204,5 +204,15 @@ def check_rules_file(rules, path: Path, meta: dict) -> None:
                               f"{rules.path} (stamp {rules.stamp}); pass the rules the run used")
 
 
+def version_text(cv) -> str:
+    """A code-version record (dict from provenance.code_version, or a string) as one short line."""
+    if isinstance(cv, dict):
+        commit = cv.get("git_commit") or "nogit"
+        src = str(cv.get("source_sha256") or "")[:12]
+        return f"{cv.get('package_version', '?')}+{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}" \
+               + (f".src{src}" if src else "")
+    return str(cv)
+
+
 def pair_label(a: str, b: str) -> str:
     return f"{a} vs {b}"

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..io import atomic_write_text
 from ..provenance import code_version_string
-from .common import read_table
+from .common import read_table, version_text
 
 
 REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "subsample_stability",
@@ -70,11 +70,11 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         return render(loaded[name][0])
 
     first = next((loaded[n][1] for n in ("table2", "table4", "anova", "robustness") if n in loaded), {})
-    cv = first.get("code_version")
+    cv = first.get("code_version", "?")
     out = ["# SafetyRepro report", "",
            f"- rules stamp: `{first.get('rules_stamp', '?')}`",
            f"- config hash: `{first.get('config_hash', '?')}`",
-           f"- code version (run): `{cv.get('git_commit') if isinstance(cv, dict) else cv}`",
+           f"- code version (run): `{version_text(cv)}`",
            f"- analysis code version: `{code_version_string()}`",
            f"- sources: {', '.join(sorted({s['path'] for _, m in loaded.values() for s in m.get('sources', [])}))}",
            "", "Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher, "

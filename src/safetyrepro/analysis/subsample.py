@@ -114,7 +114,7 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
                     changes += 1
                     changed.add(c)
             reach.append(_reachable(s, core_cfgs, models, tol))
-        table = pd.concat(subs, axis=1)
+        table = pd.concat(subs, axis=1, keys=range(repeats))
         rng = table.max(axis=1) - table.min(axis=1)
         dev = table.sub(full, axis=0).abs().max(axis=1)
         for (model, cfg), v in rng.items():

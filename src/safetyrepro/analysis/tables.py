@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..metrics import benchmark_summary, pairwise_table, rho_flip, score_matrix, sign_counts
+from ..metrics import benchmark_summary, orderings, pairwise_table, rho_flip, score_matrix, sign_counts
 from .common import load_cell_scores, output_metadata, pair_label, write_tables
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
@@ -48,10 +48,36 @@ SLICE_NOTES = {
 }
 
 
+FLIP_SUMMARY_COLUMNS = ["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair",
+                        "orderings_reachable", "orderings_possible", "tied_configs"]
+
+
+def flip_summary(df: pd.DataFrame, tol: float = 0.0, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """:func:`safetyrepro.metrics.benchmark_summary` without tau_R (whose O(|C|^2) Kendall taus
+    dominate the run time and are only needed for the tau_R table); same columns and values."""
+    pairs = pairwise_table(df, tol=tol) if pairs is None else pairs
+    rows = []
+    for b in sorted(df["benchmark"].unique()):
+        mat = score_matrix(df, b)
+        if mat.empty:
+            continue
+        ords = orderings({m: mat[m].to_numpy() for m in mat.columns}, tol)
+        pb = pairs[pairs["benchmark"] == b]
+        if len(pb):
+            best = pb.loc[pb["rho_flip"].idxmax()]
+            max_rho, max_pair = float(best["rho_flip"]), pair_label(best["model_a"], best["model_b"])
+        else:
+            max_rho, max_pair = float("nan"), ""
+        rows.append({"benchmark": b, "n_models": mat.shape[1], "n_configs": mat.shape[0],
+                     "max_rho_flip": max_rho, "max_pair": max_pair, "orderings_reachable": ords["reachable"],
+                     "orderings_possible": ords["possible"], "tied_configs": ords["tied_configs"]})
+    return pd.DataFrame(rows, columns=FLIP_SUMMARY_COLUMNS)
+
+
 def _with_summary(df: pd.DataFrame, tol: float) -> pd.DataFrame:
     """pairwise_table rows + the per-benchmark max and orderings columns."""
     pairs = pairwise_table(df, tol=tol)
-    summ = benchmark_summary(df, tol=tol)[SUMMARY_KEEP]
+    summ = flip_summary(df, tol, pairs)[SUMMARY_KEEP]
     pairs.insert(1, "pair", [pair_label(a, b) for a, b in zip(pairs["model_a"], pairs["model_b"])])
     return pairs.merge(summ, on="benchmark", how="left")
 
@@ -82,8 +108,8 @@ def table3(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _summary_rows(df: pd.DataFrame, label_col: str, label: str, tol: float) -> pd.DataFrame:
-    s = benchmark_summary(df, tol=tol)
+def _summary_rows(df: pd.DataFrame, label_col: str, label: str, tol: float, with_tau: bool = False) -> pd.DataFrame:
+    s = benchmark_summary(df, tol=tol) if with_tau else flip_summary(df, tol)
     s.insert(1, label_col, label)
     return s
 
@@ -108,8 +134,8 @@ def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> 
     worst = df.groupby(["benchmark", "config"])["parse_rate"].min()
     clean = set(worst[worst >= threshold].index)
     keep = np.array([(b, c) in clean for b, c in zip(df["benchmark"], df["config"])], dtype=bool)
-    full = benchmark_summary(df, tol=tol).set_index("benchmark")
-    left = benchmark_summary(df[keep], tol=tol).set_index("benchmark") if keep.any() else None
+    full = flip_summary(df, tol).set_index("benchmark")
+    left = flip_summary(df[keep], tol).set_index("benchmark") if keep.any() else None
     rows = []
     for b in sorted(df["benchmark"].unique()):
         row = {"benchmark": b, "threshold": float(threshold),
@@ -134,9 +160,9 @@ def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> 
 
 def tau_r_table(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
     keep = ["benchmark", "envelope", "n_configs", "tau_r", "tau_pairs_used", "tau_pairs_undefined"]
-    parts = [_summary_rows(df, "envelope", "full", tol)]
+    parts = [_summary_rows(df, "envelope", "full", tol, with_tau=True)]
     if df["core"].any():
-        parts.append(_summary_rows(df[df["core"]], "envelope", "core", tol))
+        parts.append(_summary_rows(df[df["core"]], "envelope", "core", tol, with_tau=True))
     return _sort_envelopes(pd.concat(parts, ignore_index=True)[keep])
 
 
