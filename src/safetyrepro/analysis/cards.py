@@ -1,0 +1,223 @@
+"""GRID cards: one disclosure card per (model, benchmark), as JSON and Markdown.
+
+A card states everything needed to reproduce or judge a reported score: the model (id,
+weights hash, quantization, device), the envelope (templates with text hashes, decodings,
+shots, scoring paths, parser version), the item subset (hash, id list), the rules stamp and
+code versions, the envelope's score range, rho_flip against every other model and the
+verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict).
+
+The per-(model, benchmark) provenance comes from the run (the lead passes it): a mapping
+``{model: {benchmark: Provenance}}`` or ``{(model, benchmark): Provenance}``, or the path of a
+JSON/YAML file holding the nested form.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Mapping, TypedDict
+
+import pandas as pd
+
+from ..errors import ConfigError, DataError
+from ..io import atomic_write_text
+from ..metrics import pairwise_table
+from ..provenance import code_version_string
+from .common import load_cell_scores, version_text
+
+CARD_VERSION = 1
+
+
+class Provenance(TypedDict):
+    model_id: str
+    weights_hash: str
+    quantization: str
+    device: str
+    template_hashes: dict[str, str]   # template level id -> sha256 of its text
+    parser_version: str
+    subset_hash: str
+    item_ids_path: str
+    code_version: str
+
+
+PROVENANCE_FIELDS = tuple(Provenance.__annotations__)
+
+
+def load_provenance(source: Mapping | str | Path) -> dict[tuple[str, str], dict]:
+    """Normalise the provenance input to {(model, benchmark): record}, checking the fields."""
+    where: str = "provenance"
+    if isinstance(source, (str, Path)):
+        import yaml
+
+        where = str(source)
+        path = Path(source)
+        if not path.exists():
+            raise ConfigError(path, None, "provenance file not found")
+        source = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(source, Mapping):
+        raise ConfigError(where, None, "expected a mapping {model: {benchmark: record}}")
+    out: dict[tuple[str, str], dict] = {}
+    for key, val in source.items():
+        if isinstance(key, tuple):
+            out[(str(key[0]), str(key[1]))] = val
+        elif isinstance(val, Mapping):
+            for b, rec in val.items():
+                out[(str(key), str(b))] = rec
+        else:
+            raise ConfigError(where, str(key), "expected a mapping benchmark -> record")
+    for (m, b), rec in out.items():
+        if not isinstance(rec, Mapping):
+            raise ConfigError(where, f"{m}.{b}", "expected a provenance record (mapping)")
+        missing = [f for f in PROVENANCE_FIELDS if f not in rec]
+        if missing:
+            raise ConfigError(where, f"{m}.{b}", f"missing field(s) {missing}")
+        if not isinstance(rec["template_hashes"], Mapping):
+            raise ConfigError(where, f"{m}.{b}.template_hashes", "expected a mapping template id -> hash")
+    return out
+
+
+def verdict(model: str, other: str, n_plus: int, n_minus: int, n_zero: int, rho: float) -> str:
+    """Prop. 1's verdict for ``model`` vs ``other`` in words (n_plus: configs where model is ahead)."""
+    if n_plus and n_minus:
+        return (f"flips: {model} ahead in {n_plus}, behind in {n_minus}, tied in {n_zero} configs "
+                f"(rho_flip = {rho:.3f}; D1 fails)")
+    if not n_plus and not n_minus:
+        return f"tied with {other} in every config (D2, hence D1)"
+    word = "ahead of" if n_plus else "behind"
+    if n_zero:
+        return f"stable: {model} {word} or tied with {other} in every config (D1, not D2; rho_flip = 0)"
+    return f"stable: {model} {word} {other} in every config (D2, hence D1; rho_flip = 0)"
+
+
+def _levels(sub: pd.DataFrame, axis: str) -> list[str]:
+    return sorted(sub[axis].astype(str).unique())
+
+
+def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFrame,
+               prov: Mapping, meta: dict) -> dict:
+    sub = cells[(cells["model"] == model) & (cells["benchmark"] == benchmark)]
+    if sub.empty:
+        raise DataError("cell_scores", f"no cells for ({model}, {benchmark})")
+    templates = _levels(sub, "template")
+    missing = [t for t in templates if t not in prov["template_hashes"]]
+    if missing:
+        raise ConfigError("provenance", f"{model}.{benchmark}.template_hashes",
+                          f"no text hash for template(s) {missing} used in the envelope")
+    if "quantization" in sub:
+        q = set(sub["quantization"].astype(str))
+        if q != {str(prov["quantization"])}:
+            raise DataError("cell_scores", f"({model}, {benchmark}): quantization {sorted(q)} in the cells "
+                                           f"but {prov['quantization']!r} in the provenance")
+    if "subset_hash" in sub:
+        sh = set(sub["subset_hash"].astype(str))
+        if sh != {str(prov["subset_hash"])}:
+            raise DataError("cell_scores", f"({model}, {benchmark}): subset_hash {sorted(sh)} in the cells "
+                                           f"but {prov['subset_hash']!r} in the provenance")
+    s = sub.set_index("config")["score"]
+    comps = []
+    pb = pairs[(pairs["benchmark"] == benchmark) & ((pairs["model_a"] == model) | (pairs["model_b"] == model))]
+    for r in pb.itertuples():
+        first = r.model_a == model
+        other = r.model_b if first else r.model_a
+        n_plus, n_minus = (r.n_plus, r.n_minus) if first else (r.n_minus, r.n_plus)
+        comps.append({"other": other, "n_ahead": int(n_plus), "n_behind": int(n_minus),
+                      "n_tied": int(r.n_zero), "n_configs": int(r.n_configs), "rho_flip": float(r.rho_flip),
+                      "ceiling": float(r.ceiling), "saturated": bool(r.saturated), "d1": bool(r.d1),
+                      "d2": bool(r.d2), "verdict": verdict(model, other, int(n_plus), int(n_minus),
+                                                            int(r.n_zero), float(r.rho_flip))})
+    comps.sort(key=lambda c: c["other"])
+    n_items = sorted(int(x) for x in sub["n_items"].unique()) if "n_items" in sub else []
+    return {
+        "card_version": CARD_VERSION,
+        "model": model, "benchmark": benchmark,
+        "model_id": prov["model_id"], "weights_hash": prov["weights_hash"],
+        "quantization": prov["quantization"], "device": prov["device"],
+        "templates": [{"id": t, "text_hash": prov["template_hashes"][t]} for t in templates],
+        "decodings": _levels(sub, "decoding"), "shots": _levels(sub, "shots"),
+        "scoring_paths": _levels(sub, "scoring"), "parser_version": prov["parser_version"],
+        "items": {"subset_hash": prov["subset_hash"], "item_ids_path": prov["item_ids_path"],
+                  "n_items": n_items},
+        "rules_stamp": meta["rules_stamp"], "config_hash": meta["config_hash"],
+        "code_version": {"run": prov["code_version"], "cell_scores": meta["code_version"],
+                         "analysis": code_version_string()},
+        "envelope": {"n_configs": int(len(s)), "score_min": float(s.min()), "score_max": float(s.max()),
+                     "score_range": float(s.max() - s.min()), "score_median": float(s.median()),
+                     "config_min": str(s.idxmin()), "config_max": str(s.idxmax())},
+        "comparisons": comps,
+    }
+
+
+def card_markdown(card: dict) -> str:
+    e = card["envelope"]
+    lines = [
+        f"# GRID card: {card['model']} on {card['benchmark']}", "",
+        "| field | value |", "|---|---|",
+        f"| model id | `{card['model_id']}` |",
+        f"| weights hash | `{card['weights_hash']}` |",
+        f"| quantization | {card['quantization']} |",
+        f"| device | {card['device']} |",
+        "| templates | " + ", ".join(f"{t['id']} (`{t['text_hash'][:12]}`)" for t in card["templates"]) + " |",
+        f"| decodings | {', '.join(card['decodings'])} |",
+        f"| shots | {', '.join(card['shots'])} |",
+        f"| scoring paths | {', '.join(card['scoring_paths'])} |",
+        f"| parser version | {card['parser_version']} |",
+        f"| item subset | `{card['items']['subset_hash']}` ({card['items']['item_ids_path']}; "
+        f"n = {', '.join(map(str, card['items']['n_items'])) or '?'}) |",
+        f"| rules stamp | `{card['rules_stamp']}` |",
+        f"| config hash | `{card['config_hash']}` |",
+        f"| code version | run {version_text(card['code_version']['run'])}; cell scores "
+        f"{version_text(card['code_version']['cell_scores'])}; analysis {card['code_version']['analysis']} |",
+        "", "## Envelope", "",
+        f"{e['n_configs']} configs; score range {e['score_min']:.3f} ({e['config_min']}) to "
+        f"{e['score_max']:.3f} ({e['config_max']}), width {e['score_range']:.3f}, median {e['score_median']:.3f}.",
+        "", "## Verdicts against the other models (Prop. 1)", "",
+        "| other | ahead | behind | tied | rho_flip | ceiling | D1 | D2 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in card["comparisons"]:
+        lines.append(f"| {c['other']} | {c['n_ahead']} | {c['n_behind']} | {c['n_tied']} | {c['rho_flip']:.3f} | "
+                     f"{c['ceiling']:.3f} | {'yes' if c['d1'] else 'no'} | {'yes' if c['d2'] else 'no'} | "
+                     f"{c['verdict']} |")
+    if not card["comparisons"]:
+        lines.append("| (no other model on this benchmark) | | | | | | | | |")
+    return "\n".join(lines) + "\n"
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
+
+
+def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict) -> list[dict]:
+    prov = load_provenance(provenance)
+    pairs = pairwise_table(cells)
+    cards = []
+    for m, b in sorted(set(zip(cells["model"], cells["benchmark"]))):
+        if (m, b) not in prov:
+            raise ConfigError("provenance", f"{m}.{b}", "no provenance record for this (model, benchmark)")
+        cards.append(build_card(m, b, cells, pairs, prov[(m, b)], meta))
+    return cards
+
+
+def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
+                out_dir: str | Path) -> dict[str, Path]:
+    """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``."""
+    cs = load_cell_scores(cell_scores_path)
+    cards = build_cards(cs.df, provenance, cs.meta)  # everything computed before anything is written
+    out_dir = Path(out_dir)
+    paths: dict[str, Path] = {}
+    index = []
+    for card in cards:
+        stem = f"{_slug(card['model'])}__{_slug(card['benchmark'])}"
+        atomic_write_text(out_dir / f"{stem}.json", json.dumps(card, indent=2, sort_keys=False) + "\n")
+        atomic_write_text(out_dir / f"{stem}.md", card_markdown(card))
+        paths[f"{stem}.json"] = out_dir / f"{stem}.json"
+        paths[f"{stem}.md"] = out_dir / f"{stem}.md"
+        index.append({"model": card["model"], "benchmark": card["benchmark"], "json": f"{stem}.json",
+                      "markdown": f"{stem}.md"})
+    atomic_write_text(out_dir / "index.json", json.dumps(
+        {"source": str(cs.path), "rules_stamp": cs.meta["rules_stamp"], "config_hash": cs.meta["config_hash"],
+         "code_version": cs.meta["code_version"], "analysis_code_version": code_version_string(),
+         "dropped_incomplete_configs": cs.dropped, "cards": index}, indent=2) + "\n")
+    paths["index"] = out_dir / "index.json"
+    return paths

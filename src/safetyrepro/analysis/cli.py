@@ -1,0 +1,100 @@
+"""``safetyrepro analyze ...``: thin commands over the analysis entry points.
+
+Hook it into the main CLI with ``from .analysis.cli import register; register(app)``. Every
+subcommand takes paths, writes its outputs atomically and prints the paths written; heavy
+imports happen inside the commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _echo_paths(paths: dict) -> None:
+    for name, p in paths.items():
+        typer.echo(f"{name}\t{p}")
+
+
+def register(app: typer.Typer) -> None:
+    analyze = typer.Typer(no_args_is_help=True, add_completion=False,
+                          help="Analyses and report inputs from the cell-score and item-result tables.")
+    app.add_typer(analyze, name="analyze")
+
+    @analyze.command("tables")
+    def tables(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
+               out_dir: Path = typer.Option(..., "--out-dir"),
+               threshold: float = typer.Option(0.95, "--threshold", help="parse-clean minimum parse rate"),
+               bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
+               bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
+               tol: float = typer.Option(0.0, "--tol", help="|score difference| <= tol is a tie")):
+        """Tables 2-4, parse-clean, tau_R and the bootstrap intervals."""
+        from .tables import write_paper_tables
+
+        _echo_paths(write_paper_tables(cell_scores, out_dir, threshold=threshold,
+                                       bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol))
+
+    @analyze.command("variance")
+    def variance(cell_scores: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir"),
+                 seed: int = typer.Option(0, "--seed"), tol: float = typer.Option(0.0, "--tol")):
+        """Four-way ANOVA shares and LightGBM/SHAP attribution."""
+        from .variance import write_variance
+
+        _echo_paths(write_variance(cell_scores, out_dir, tol=tol, seed=seed))
+
+    @analyze.command("robustness")
+    def robustness(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
+                   items_dir: Path = typer.Option(..., "--items-dir", help="folder of <benchmark>.parquet item tables"),
+                   out_dir: Path = typer.Option(..., "--out-dir"),
+                   nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config")):
+        """Consistency vs random baseline, SD, drop rate, consistency-performance regression."""
+        from .robustness import write_robustness
+
+        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config, items_dir=items_dir))
+
+    @analyze.command("subsample")
+    def subsample(item_results: Path = typer.Argument(...), items_dir: Path = typer.Option(..., "--items-dir"),
+                  out_dir: Path = typer.Option(..., "--out-dir"), fraction: float = typer.Option(0.8, "--fraction"),
+                  repeats: int = typer.Option(20, "--repeats"), seed: int = typer.Option(0, "--seed"),
+                  rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)")):
+        """Cell-score ranges and core-ordering changes under stratified item subsamples."""
+        from .subsample import write_subsample_stability
+
+        _echo_paths(write_subsample_stability(item_results, items_dir, out_dir, fraction, repeats, seed,
+                                              rules_path=rules))
+
+    @analyze.command("precision")
+    def precision(main_scores: Path = typer.Argument(..., help="main (NF4) cell_scores.parquet"),
+                  bf16_scores: Path = typer.Argument(..., help="BF16 rerun cell scores"),
+                  out_dir: Path = typer.Option(..., "--out-dir"),
+                  rules: Optional[Path] = typer.Option(None, "--rules"),
+                  tol: float = typer.Option(0.0, "--tol")):
+        """BF16 vs NF4 on the conservative_core cells."""
+        from .precision import write_precision_check
+
+        _echo_paths(write_precision_check(main_scores, bf16_scores, out_dir, rules_path=rules, tol=tol))
+
+    @analyze.command("cards")
+    def cards(cell_scores: Path = typer.Argument(...),
+              provenance: Path = typer.Option(..., "--provenance", help="JSON/YAML {model: {benchmark: record}}"),
+              out_dir: Path = typer.Option(..., "--out-dir")):
+        """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
+        from .cards import write_cards
+
+        _echo_paths(write_cards(cell_scores, provenance, out_dir))
+
+    @analyze.command("figures")
+    def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):
+        """Report figures (PNG) from the analysis tables."""
+        from .figures import write_figures
+
+        _echo_paths(write_figures(tables_dir, out_dir))
+
+    @analyze.command("report-md")
+    def report_md(tables_dir: Path = typer.Argument(...), figures_dir: Path = typer.Option(..., "--figures-dir"),
+                  out: Path = typer.Option(..., "--out")):
+        """results/report.md: the report's tables in Markdown."""
+        from .report_md import write_report_md
+
+        typer.echo(str(write_report_md(tables_dir, figures_dir, out)))

@@ -1,0 +1,186 @@
+"""``results/report.md``: the report's tables in Markdown, for reading in a terminal.
+
+Every section is read from the analysis tables in ``tables_dir`` (the stamped Parquet files);
+a table that was not produced in this run is named as missing rather than silently left out.
+Figures are linked relative to the report's location.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ..io import atomic_write_text
+from ..provenance import code_version_string
+from .common import read_table, version_text
+
+
+REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "subsample_stability",
+                 "precision", "anova", "shap", "robustness", "robustness_regression")
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "–"
+        if v != 0 and abs(v) < 10 ** -digits:
+            return f"{v:.1e}"
+        return f"{v:.{digits}f}"
+    try:
+        if pd.isna(v):
+            return "–"
+    except (TypeError, ValueError):
+        pass
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(df: pd.DataFrame, columns: dict[str, str] | None = None, digits: int = 3) -> str:
+    """A GitHub-flavoured Markdown table; ``columns`` maps source column -> header."""
+    columns = columns or {c: c for c in df.columns}
+    cols = [c for c in columns if c in df.columns]
+    head = "| " + " | ".join(_fmt(columns[c]) for c in cols) + " |"
+    sep = "|" + "|".join("---" for _ in cols) + "|"
+    body = ["| " + " | ".join(_fmt(v.item() if hasattr(v, "item") else v, digits) for v in row) + " |"
+            for row in df[cols].itertuples(index=False, name=None)]
+    return "\n".join([head, sep, *body])
+
+
+def _figure(figures_dir: Path, name: str, out_path: Path, alt: str) -> str:
+    p = figures_dir / f"{name}.png"
+    if not p.exists():
+        return f"_figure `{name}.png` not produced in this run_"
+    return f"![{alt}]({os.path.relpath(p, out_path.parent)})"
+
+
+def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str | Path) -> str:
+    tables_dir, figures_dir, out_path = Path(tables_dir), Path(figures_dir), Path(out_path)
+    loaded = {name: read_table(tables_dir / f"{name}.parquet") for name in REPORT_TABLES
+              if (tables_dir / f"{name}.parquet").exists()}
+
+    def section(name: str, render) -> str:
+        if name not in loaded:
+            return f"_table `{name}` not produced in this run (expected {tables_dir / (name + '.parquet')})_"
+        return render(loaded[name][0])
+
+    first = next((loaded[n][1] for n in ("table2", "table4", "anova", "robustness") if n in loaded), {})
+    cv = first.get("code_version", "?")
+    out = ["# SafetyRepro report", "",
+           f"- rules stamp: `{first.get('rules_stamp', '?')}`",
+           f"- config hash: `{first.get('config_hash', '?')}`",
+           f"- code version (run): `{version_text(cv)}`",
+           f"- analysis code version: `{code_version_string()}`",
+           f"- sources: {', '.join(sorted({s['path'] for _, m in loaded.values() for s in m.get('sources', [])}))}",
+           "", "Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher, "
+           "N- where B does, N0 ties. rho_flip = min(N+, N-)/|C|; its ceiling is floor(|C|/2)/|C|.", ""]
+
+    out += ["## Table 2: verdict stability per benchmark and pair (full envelope)", ""]
+    out.append(section("table2", lambda d: md_table(d, {
+        "benchmark": "benchmark", "pair": "pair", "n_plus": "N+", "n_minus": "N-", "n_zero": "N0",
+        "n_configs": "|C|", "rho_flip": "rho_flip", "ceiling": "ceiling", "saturated": "saturated",
+        "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings"})))
+    out += ["", _figure(figures_dir, "rho_heatmap", out_path, "rho_flip heatmap"), ""]
+
+    out += ["## Table 3: scoring-path slices", "",
+            "Logprob scoring exists only under greedy decoding, so the `freeform` and `logprob` slices are "
+            "**not matched on decoding support**; `freeform_greedy` is the matched free-form slice. "
+            "CrowS-Pairs has no free-form path.", ""]
+    out.append(section("table3", lambda d: md_table(d, {
+        "benchmark": "benchmark", "slice": "slice", "decoding_support": "decodings", "pair": "pair",
+        "n_plus": "N+", "n_minus": "N-", "n_zero": "N0", "n_configs": "|C|", "rho_flip": "rho_flip",
+        "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
+        "matched_to_logprob_decoding": "matched to logprob"})))
+
+    out += ["", "## Table 4: tier ablation (full vs core envelope)", ""]
+    out.append(section("table4", lambda d: md_table(d, {
+        "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "max_rho_flip": "max rho_flip",
+        "max_pair": "pair", "orderings_reachable": "orderings reachable", "orderings_possible": "of",
+        "tied_configs": "configs with ties"})))
+    out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable, full vs core"), ""]
+
+    out += ["## Parse-clean recomputation", ""]
+    out.append(section("parse_clean", lambda d: md_table(d, {
+        "benchmark": "benchmark", "threshold": "min parse rate", "n_configs_total": "|C| full",
+        "n_configs_left": "|C| left", "max_rho_flip": "max rho_flip", "max_pair": "pair",
+        "orderings_reachable": "orderings", "max_rho_flip_full": "max rho_flip (full)", "note": "note"})))
+
+    out += ["", "## tau_R (mean Kendall tau-b between config rankings)", ""]
+    out.append(section("tau_r", lambda d: md_table(d, {
+        "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "tau_r": "tau_R",
+        "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined"})))
+
+    out += ["", "## Bootstrap over configurations (percentile 95% intervals)", ""]
+    out.append(section("bootstrap", lambda d: md_table(d, {
+        "benchmark": "benchmark", "statistic": "rho_flip of", "n_configs": "|C|", "estimate": "estimate",
+        "ci_low": "2.5%", "ci_high": "97.5%", "samples": "B", "seed": "seed"})))
+
+    out += ["", "## Stratified item subsamples", ""]
+    out.append(section("subsample_stability", lambda d: md_table(d, {
+        "benchmark": "benchmark", "fraction": "fraction", "repeats": "repeats", "n_cells": "cells",
+        "range_median": "median cell range", "range_max": "max cell range", "n_core_configs": "core configs",
+        "ordering_change_rate": "ordering changed (share of config x repeat)",
+        "configs_changed_any": "configs ever changed"})))
+
+    out += ["", "## BF16 vs NF4 (conservative_core)", ""]
+    out.append(section("precision", lambda d: md_table(d, {
+        "benchmark": "benchmark", "n_cells_paired": "paired cells", "abs_diff_median": "median |diff|",
+        "abs_diff_mean": "mean |diff|", "abs_diff_max": "max |diff|", "n_configs_paired": "paired configs",
+        "n_orderings_match": "orderings match", "share_orderings_match": "share"})))
+
+    out += ["", "## Variance attribution: ANOVA (free-form slice)", "",
+            "Type II ANOVA of `score ~ C(model) + C(template) + C(decoding) + C(shots)` (main effects only; "
+            "every interaction is in the residual). Shares are of the total SS; "
+            "rho = (template + decoding + shots SS) / model SS.", ""]
+    out.append(section("anova", lambda d: md_table(d, {
+        "benchmark": "benchmark", "n_cells": "cells", "share_model": "model", "share_template": "template",
+        "share_decoding": "decoding", "share_shots": "shots", "share_residual": "residual", "rho": "rho",
+        "balanced": "balanced"})))
+    out += ["", _figure(figures_dir, "anova_shares", out_path, "ANOVA shares"), ""]
+
+    def shap_render(d: pd.DataFrame) -> str:
+        w = d.pivot_table(index=["benchmark", "target"], columns="axis", values="share", aggfunc="first",
+                          dropna=False, sort=False).reset_index()
+        info = d.drop_duplicates(["benchmark", "target"])[["benchmark", "target", "n_rows", "n_ties_dropped",
+                                                           "fit_metric", "fit_value", "status"]]
+        w = w.merge(info, on=["benchmark", "target"], how="left")
+        cols = {"benchmark": "benchmark", "target": "target"}
+        cols.update({a: a for a in ("model", "template", "decoding", "shots", "scoring") if a in w.columns})
+        cols.update({"n_rows": "rows", "n_ties_dropped": "ties dropped", "fit_value": "in-sample fit",
+                     "status": "status"})
+        return md_table(w, cols, 2)
+
+    out += ["## Variance attribution: LightGBM surrogate + SHAP", "",
+            "Share of mean |SHAP| per axis (one-hot columns summed back to their axis). The surrogate only "
+            "localises which axis drives scores or flips; it is not a causal estimate. Sign classifiers drop "
+            "tied configs; a pair that never flips gets no classifier (status `skipped`).", ""]
+    out.append(section("shap", shap_render))
+    out += ["", _figure(figures_dir, "shap_summary", out_path, "SHAP summary"), ""]
+
+    out += ["## Robustness as task competence (free-form envelope)", "",
+            "Consistency: share of items with the identical parsed answer in every config (seed 0; a parse "
+            "failure anywhere counts as inconsistent). Baseline: the same under independent configs with the "
+            "observed per-config accuracies and uniform wrong answers. Drop rate: mean (nominal - config) / "
+            "nominal over the other configs.", ""]
+    out.append(section("robustness", lambda d: md_table(d, {
+        "model": "model", "benchmark": "benchmark", "n_configs": "configs", "n_items": "items",
+        "consistency": "consistency", "baseline": "random baseline", "score_mean": "mean score",
+        "score_sd": "SD", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
+        "share_below_nominal": "share below nominal"})))
+    out += [""]
+    out.append(section("robustness_regression", lambda d: md_table(d, {
+        "y": "y", "x": "x", "n": "n", "slope": "slope", "intercept": "intercept", "r2": "R^2",
+        "p_value": "p", "note": "note"})))
+    out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance"), ""]
+    return "\n".join(out) + "\n"
+
+
+def write_report_md(tables_dir: str | Path, figures_dir: str | Path, out_path: str | Path) -> Path:
+    out_path = Path(out_path)
+    atomic_write_text(out_path, build_report(tables_dir, figures_dir, out_path))
+    return out_path

@@ -1,0 +1,170 @@
+"""Stability under stratified item subsamples.
+
+For each benchmark and each of ``repeats`` subsamples (``fraction`` of the items, stratified
+by ``stratum`` with :func:`safetyrepro.items.subsample.stratified_subsample`, seed
+``seed + r`` for repeat r), every cell's score is recomputed from the item-level results:
+the per-seed mean of ``correct`` over the subsampled items, averaged over seeds (``correct``
+is the item's contribution to the cell score for every benchmark, so this is the cell score
+on the subsample). Reported per benchmark:
+
+* per-cell score range over the repeats (max - min): median and max over cells; and the largest
+  deviation of a subsample score from the all-items score;
+* on the core configs: how often the induced model ordering (weak ranks: ties count as an
+  ordering of their own) differs from the all-items ordering, over config x repeat, how many
+  configs change in at least one repeat, and the orderings reachable (strict orders, metric
+  core) with all items vs the min/max over repeats.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from ..errors import DataError
+from ..grid import Config, is_core
+from ..metrics import orderings
+from ..rules import load_rules
+from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
+                     write_tables)
+
+SUMMARY_COLUMNS = ["benchmark", "fraction", "repeats", "seed", "n_items", "n_items_sub", "n_cells",
+                   "range_median", "range_max", "abs_dev_max", "n_core_configs", "ordering_changes",
+                   "ordering_change_rate", "configs_changed_any", "orderings_reachable_full",
+                   "orderings_reachable_sub_min", "orderings_reachable_sub_max"]
+CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "score_sub_median",
+                "score_sub_min", "score_sub_max", "range"]
+
+
+class ItemMatrix:
+    """correct as a (model, config, seed) x item matrix for one benchmark."""
+
+    def __init__(self, results: pd.DataFrame):
+        runs = results.groupby(["model", "config", "seed", "item_id"]).size()
+        if (runs > 1).any():
+            dup = runs.index[runs > 1][0]
+            raise DataError("item_results", f"item {dup[3]!r} appears twice in run {dup[:3]}")
+        wide = results.pivot_table(index=["model", "config", "seed"], columns="item_id", values="correct",
+                                   aggfunc="first")
+        self.items = list(wide.columns)
+        self.index = wide.index
+        self.values = wide.to_numpy(dtype=float)   # NaN where an item is missing from a run
+
+    def cell_scores(self, item_ids=None) -> pd.Series:
+        """(model, config) -> mean over seeds of the per-seed mean of correct over item_ids."""
+        vals = self.values
+        if item_ids is not None:
+            pos = {it: i for i, it in enumerate(self.items)}
+            missing = [i for i in item_ids if i not in pos]
+            if missing:
+                raise DataError("item_results", f"subsampled item {missing[0]!r} has no results")
+            vals = vals[:, [pos[i] for i in item_ids]]
+        per_seed = pd.Series(np.nanmean(vals, axis=1), index=self.index)
+        return per_seed.groupby(level=["model", "config"]).mean()
+
+
+def _orders(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> dict[str, tuple]:
+    mat = scores.unstack("model").reindex(index=configs, columns=models)
+    return {c: weak_ranks(mat.loc[c].to_numpy(), tol) for c in configs}
+
+
+def _reachable(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> int:
+    mat = scores.unstack("model").reindex(index=configs, columns=models)
+    if mat.empty:
+        return 0
+    return orderings({m: mat[m].to_numpy() for m in models}, tol)["reachable"]
+
+
+def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
+                        fraction: float = 0.8, repeats: int = 20, seed: int = 0, tol: float = 0.0,
+                        strata_col: str = "stratum", progress: bool = False
+                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per-benchmark summary, per-cell ranges). ``core``: set of (benchmark, config) core configs;
+    ``items``: benchmark -> canonical item table (with ``item_id`` and ``strata_col``)."""
+    from ..items.subsample import stratified_subsample
+
+    if not 0 < fraction <= 1:
+        raise ValueError("fraction must be in (0, 1]")
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    summary, cells = [], []
+    for b in sorted(results["benchmark"].unique()):
+        if b not in items:
+            raise DataError("items", f"no item table for benchmark {b!r}")
+        res = results[results["benchmark"] == b]
+        m = ItemMatrix(res)
+        full = m.cell_scores()
+        models = sorted(full.index.get_level_values("model").unique())
+        configs = sorted(full.index.get_level_values("config").unique())
+        core_cfgs = [c for c in configs if (b, c) in core]
+        full_orders = _orders(full, core_cfgs, models, tol)
+        subs, n_sub, changes, changed = [], [], 0, set()
+        reach = []
+        for r in tqdm(range(repeats), desc=f"subsamples {b}", disable=not progress):
+            sub_items = stratified_subsample(items[b], fraction, seed + r, strata_col=strata_col)
+            ids = list(sub_items["item_id"].astype(str))
+            n_sub.append(len(ids))
+            s = m.cell_scores(ids)
+            subs.append(s)
+            orders = _orders(s, core_cfgs, models, tol)
+            for c in core_cfgs:
+                if orders[c] != full_orders[c]:
+                    changes += 1
+                    changed.add(c)
+            reach.append(_reachable(s, core_cfgs, models, tol))
+        table = pd.concat(subs, axis=1, keys=range(repeats))
+        rng = table.max(axis=1) - table.min(axis=1)
+        dev = table.sub(full, axis=0).abs().max(axis=1)
+        for (model, cfg), v in rng.items():
+            cells.append({"model": model, "benchmark": b, "config": cfg, "core": (b, cfg) in core,
+                          "score_all_items": float(full[(model, cfg)]),
+                          "score_sub_median": float(table.loc[(model, cfg)].median()),
+                          "score_sub_min": float(table.loc[(model, cfg)].min()),
+                          "score_sub_max": float(table.loc[(model, cfg)].max()), "range": float(v)})
+        n_pairs = len(core_cfgs) * repeats
+        summary.append({
+            "benchmark": b, "fraction": float(fraction), "repeats": int(repeats), "seed": int(seed),
+            "n_items": len(items[b]), "n_items_sub": float(np.mean(n_sub)), "n_cells": int(len(rng)),
+            "range_median": float(rng.median()), "range_max": float(rng.max()), "abs_dev_max": float(dev.max()),
+            "n_core_configs": len(core_cfgs), "ordering_changes": int(changes),
+            "ordering_change_rate": changes / n_pairs if n_pairs else float("nan"),
+            "configs_changed_any": len(changed),
+            "orderings_reachable_full": _reachable(full, core_cfgs, models, tol),
+            "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach))})
+    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS)
+
+
+def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
+    from ..io import read_parquet
+
+    path = Path(items_dir) / f"{benchmark}.parquet"
+    if not path.exists():
+        raise DataError(path, f"item table of benchmark {benchmark!r} not found")
+    t, _ = read_parquet(path)
+    df = t.to_pandas()
+    for col in ("item_id", "stratum"):
+        if col not in df.columns:
+            raise DataError(path, f"missing column '{col}'")
+    df["item_id"] = df["item_id"].astype(str)
+    return df
+
+
+def write_subsample_stability(item_results_path: str | Path, items_dir: str | Path, out_dir: str | Path,
+                              fraction: float = 0.8, repeats: int = 20, seed: int = 0, *,
+                              rules_path: str | Path | None = None, tol: float = 0.0) -> dict[str, Path]:
+    """``subsample_stability`` (per benchmark) and ``subsample_cells`` (per cell) tables."""
+    path = Path(item_results_path)
+    results, meta = load_item_results(path, ["model", "benchmark", "config", "seed", "item_id", "correct"])
+    rules = load_rules(rules_path)
+    check_rules_file(rules, path, meta)
+    benches = sorted(results["benchmark"].unique())
+    items = {b: read_item_table(items_dir, b) for b in benches}
+    core = {(b, c) for b, c in set(zip(results["benchmark"], results["config"]))
+            if is_core(rules, Config.parse(c))}
+    summary, cells = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True)
+    params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,
+              "seeds_used": f"{seed}..{seed + repeats - 1}", "items_dir": str(items_dir)}
+    return write_tables({"subsample_stability": summary, "subsample_cells": cells}, out_dir,
+                        lambda name: output_metadata(name, [(path, meta)], params))

@@ -1,0 +1,230 @@
+"""The paper's tables from the cell-score table, all built on :mod:`safetyrepro.metrics`.
+
+* Table 2 (:func:`table2`): per benchmark and model pair over the full envelope: N+/N-/N0/|C|,
+  rho_flip, ceiling, saturated, D1/D2, and per benchmark the max over pairs and the
+  orderings reachable.
+* Table 3 (:func:`table3`): the same per scoring-path slice. ``freeform`` spans every
+  decoding; ``logprob`` exists only under greedy (validity rule ``logprob-greedy-only``), so the
+  two slices are NOT matched on decoding support. ``freeform_greedy`` is the free-form slice
+  restricted to greedy decoding, the slice that is matched to logprob on decoding support.
+* Table 4 (:func:`table4`): tier ablation, full vs core envelope (core = every axis at a
+  core-tier level): max rho_flip and orderings reachable.
+* Parse-clean (:func:`parse_clean`): only configs where every model's parse rate is at least
+  the threshold.
+* tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope.
+* Bootstrap (:func:`bootstrap_rho`): configs resampled with replacement within a benchmark
+  (|C| draws), rho_flip recomputed per pair and their max; percentile interval (2.5, 97.5;
+  numpy's linear interpolation) around the point estimate on the observed configs.
+
+Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher. Configs
+missing a cell for some model are dropped before any table (recorded in the metadata).
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from ..metrics import benchmark_summary, orderings, pairwise_table, rho_flip, score_matrix, sign_counts
+from .common import load_cell_scores, output_metadata, pair_label, write_tables
+
+SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
+SLICES = {
+    "freeform": lambda d: d["scoring"] == "freeform",
+    "logprob": lambda d: d["scoring"] == "logprob",
+    "freeform_greedy": lambda d: (d["scoring"] == "freeform") & (d["decoding"] == "greedy"),
+}
+SLICE_NOTES = {
+    "freeform": "spans every decoding; logprob exists only under greedy, so this slice and the "
+                "logprob slice are not matched on decoding support",
+    "logprob": "greedy only (log-likelihood scoring has no decoding); not matched on decoding "
+               "support with the full free-form slice",
+    "freeform_greedy": "free-form restricted to greedy: matched to the logprob slice on decoding support",
+}
+
+
+FLIP_SUMMARY_COLUMNS = ["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair",
+                        "orderings_reachable", "orderings_possible", "tied_configs"]
+
+
+def flip_summary(df: pd.DataFrame, tol: float = 0.0, pairs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """:func:`safetyrepro.metrics.benchmark_summary` without tau_R (whose O(|C|^2) Kendall taus
+    dominate the run time and are only needed for the tau_R table); same columns and values."""
+    pairs = pairwise_table(df, tol=tol) if pairs is None else pairs
+    rows = []
+    for b in sorted(df["benchmark"].unique()):
+        mat = score_matrix(df, b)
+        if mat.empty:
+            continue
+        ords = orderings({m: mat[m].to_numpy() for m in mat.columns}, tol)
+        pb = pairs[pairs["benchmark"] == b]
+        if len(pb):
+            best = pb.loc[pb["rho_flip"].idxmax()]
+            max_rho, max_pair = float(best["rho_flip"]), pair_label(best["model_a"], best["model_b"])
+        else:
+            max_rho, max_pair = float("nan"), ""
+        rows.append({"benchmark": b, "n_models": mat.shape[1], "n_configs": mat.shape[0],
+                     "max_rho_flip": max_rho, "max_pair": max_pair, "orderings_reachable": ords["reachable"],
+                     "orderings_possible": ords["possible"], "tied_configs": ords["tied_configs"]})
+    return pd.DataFrame(rows, columns=FLIP_SUMMARY_COLUMNS)
+
+
+def _with_summary(df: pd.DataFrame, tol: float) -> pd.DataFrame:
+    """pairwise_table rows + the per-benchmark max and orderings columns."""
+    pairs = pairwise_table(df, tol=tol)
+    summ = flip_summary(df, tol, pairs)[SUMMARY_KEEP]
+    pairs.insert(1, "pair", [pair_label(a, b) for a, b in zip(pairs["model_a"], pairs["model_b"])])
+    return pairs.merge(summ, on="benchmark", how="left")
+
+
+def table2(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+    out = _with_summary(df, tol)
+    out.insert(1, "envelope", "full")
+    return out
+
+
+def _support(df: pd.DataFrame, col: str) -> dict[str, str]:
+    return {b: ",".join(sorted(s[col].unique())) for b, s in df.groupby("benchmark")}
+
+
+def table3(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+    parts = []
+    for name, mask in SLICES.items():
+        sub = df[mask(df)]
+        if sub.empty:
+            continue
+        t = _with_summary(sub, tol)
+        t.insert(1, "slice", name)
+        sup = _support(sub, "decoding")
+        t["decoding_support"] = t["benchmark"].map(sup)
+        t["matched_to_logprob_decoding"] = t["decoding_support"] == "greedy"
+        t["note"] = SLICE_NOTES[name]
+        parts.append(t)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _summary_rows(df: pd.DataFrame, label_col: str, label: str, tol: float, with_tau: bool = False) -> pd.DataFrame:
+    s = benchmark_summary(df, tol=tol) if with_tau else flip_summary(df, tol)
+    s.insert(1, label_col, label)
+    return s
+
+
+def _sort_envelopes(out: pd.DataFrame) -> pd.DataFrame:
+    rank = out["envelope"].map({"full": 0, "core": 1})
+    return out.assign(_r=rank).sort_values(["benchmark", "_r"]).drop(columns="_r").reset_index(drop=True)
+
+
+def table4(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+    keep = ["benchmark", "envelope", "n_configs", "max_rho_flip", "max_pair",
+            "orderings_reachable", "orderings_possible", "tied_configs"]
+    parts = [_summary_rows(df, "envelope", "full", tol)]
+    core = df[df["core"]]
+    if not core.empty:
+        parts.append(_summary_rows(core, "envelope", "core", tol))
+    return _sort_envelopes(pd.concat(parts, ignore_index=True)[keep])
+
+
+def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> pd.DataFrame:
+    """Per benchmark: the flip summary over configs where min parse rate over models >= threshold."""
+    worst = df.groupby(["benchmark", "config"])["parse_rate"].min()
+    clean = set(worst[worst >= threshold].index)
+    keep = np.array([(b, c) in clean for b, c in zip(df["benchmark"], df["config"])], dtype=bool)
+    full = flip_summary(df, tol).set_index("benchmark")
+    left = flip_summary(df[keep], tol).set_index("benchmark") if keep.any() else None
+    rows = []
+    for b in sorted(df["benchmark"].unique()):
+        row = {"benchmark": b, "threshold": float(threshold),
+               "n_configs_total": int(full.loc[b, "n_configs"]),
+               "max_rho_flip_full": float(full.loc[b, "max_rho_flip"])}
+        if left is not None and b in left.index:
+            s = left.loc[b]
+            row.update(n_configs_left=int(s["n_configs"]), max_rho_flip=float(s["max_rho_flip"]),
+                       max_pair=str(s["max_pair"]), orderings_reachable=int(s["orderings_reachable"]),
+                       orderings_possible=int(s["orderings_possible"]), note="")
+        else:
+            row.update(n_configs_left=0, max_rho_flip=float("nan"), max_pair="",
+                       orderings_reachable=0, orderings_possible=int(full.loc[b, "orderings_possible"]),
+                       note=f"no config has every model's parse rate >= {threshold}")
+        row["n_configs_dropped"] = row["n_configs_total"] - row["n_configs_left"]
+        rows.append(row)
+    cols = ["benchmark", "threshold", "n_configs_total", "n_configs_left", "n_configs_dropped",
+            "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible",
+            "max_rho_flip_full", "note"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def tau_r_table(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+    keep = ["benchmark", "envelope", "n_configs", "tau_r", "tau_pairs_used", "tau_pairs_undefined"]
+    parts = [_summary_rows(df, "envelope", "full", tol, with_tau=True)]
+    if df["core"].any():
+        parts.append(_summary_rows(df[df["core"]], "envelope", "core", tol, with_tau=True))
+    return _sort_envelopes(pd.concat(parts, ignore_index=True)[keep])
+
+
+def benchmark_rng(seed: int, benchmark: str) -> np.random.Generator:
+    """Independent stream per benchmark, so a benchmark's interval does not depend on which
+    other benchmarks are in the table."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(benchmark.encode())]))
+
+
+def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: float = 0.0,
+                  progress: bool = False) -> pd.DataFrame:
+    """Percentile bootstrap over configurations (see module doc)."""
+    if samples < 1:
+        raise ValueError("bootstrap samples must be >= 1")
+    rows = []
+    benches = sorted(df["benchmark"].unique())
+    for b in tqdm(benches, desc="bootstrap", disable=not progress):
+        mat = score_matrix(df, b)
+        n = mat.shape[0]
+        pairs = list(itertools.combinations(mat.columns, 2))
+        if not pairs:
+            continue
+        cols = {m: mat[m].to_numpy() for m in mat.columns}
+        idx = benchmark_rng(seed, b).integers(0, n, size=(samples, n))
+        boot = np.empty((samples, len(pairs)))
+        for j, (a, m) in enumerate(pairs):
+            xa, xm = cols[a], cols[m]
+            for s in range(samples):
+                boot[s, j] = rho_flip(sign_counts(xa[idx[s]], xm[idx[s]], tol))
+        point = np.array([rho_flip(sign_counts(cols[a], cols[m], tol)) for a, m in pairs])
+        stats = [(pair_label(a, m), a, m, point[j], boot[:, j]) for j, (a, m) in enumerate(pairs)]
+        stats.append(("max", "", "", point.max(), boot.max(axis=1)))
+        for label, a, m, est, dist in stats:
+            lo, hi = np.percentile(dist, [2.5, 97.5])
+            rows.append({"benchmark": b, "statistic": label, "model_a": a, "model_b": m,
+                         "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
+                         "boot_mean": float(dist.mean()), "samples": int(samples), "seed": int(seed)})
+    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "n_configs",
+                                       "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
+
+
+def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples: int = 1000,
+                 bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False) -> dict[str, pd.DataFrame]:
+    return {
+        "table2": table2(df, tol),
+        "table3": table3(df, tol),
+        "table4": table4(df, tol),
+        "parse_clean": parse_clean(df, threshold, tol),
+        "tau_r": tau_r_table(df, tol),
+        "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress),
+    }
+
+
+def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, threshold: float = 0.95,
+                       bootstrap_samples: int = 1000, bootstrap_seed: int = 0,
+                       tol: float = 0.0) -> dict[str, Path]:
+    """Compute every paper table from ``cell_scores.parquet`` and write each as
+    ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs)."""
+    cs = load_cell_scores(cell_scores_path)
+    params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
+              "bootstrap_seed": bootstrap_seed, "tol": tol}
+    tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
+                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True)
+    return write_tables(tables, out_dir, lambda name: output_metadata(
+        name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))

@@ -1,0 +1,123 @@
+"""Every analysis output from a synthetic full-size result set (3 models x 5 benchmarks x every
+valid config of the real envelope), run through the `analyze` CLI commands."""
+
+import json
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from analysis_synth import make_dataset, provenance_for
+from safetyrepro.analysis.cli import register
+from safetyrepro.analysis.common import load_cell_scores
+from safetyrepro.io import read_metadata
+from safetyrepro.metrics import benchmark_summary, pairwise_table
+
+STAMP_KEYS = ("rules_stamp", "config_hash", "code_version")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("full")
+    d = make_dataset(root / "main", n_items=40, seed=7)
+    bf = make_dataset(root / "bf16", n_items=40, seed=8, quantization="bf16",
+                      configs_filter=lambda c: c.template in ("T1", "T2") and c.decoding == "greedy"
+                      and c.shots in ("k0", "k3") and c.scoring == "freeform")
+    prov = root / "provenance.json"
+    prov.write_text(json.dumps(provenance_for(d["cells"])))
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def _root():  # keep `analyze` a sub-command as it is under the real CLI
+        pass
+
+    runner = CliRunner()
+    tables, figs, cards = root / "tables", root / "figures", root / "cards"
+    cs, ir, items = str(d["cell_scores"]), str(d["item_results"]), str(d["items_dir"])
+    commands = [
+        ["analyze", "tables", cs, "--out-dir", str(tables), "--bootstrap-samples", "200", "--bootstrap-seed", "1"],
+        ["analyze", "variance", cs, "--out-dir", str(tables)],
+        ["analyze", "robustness", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
+        ["analyze", "subsample", ir, "--items-dir", items, "--out-dir", str(tables), "--repeats", "5"],
+        ["analyze", "precision", cs, str(bf["cell_scores"]), "--out-dir", str(tables)],
+        ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards)],
+        ["analyze", "figures", str(tables), "--out-dir", str(figs)],
+        ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
+    ]
+    for cmd in commands:
+        res = runner.invoke(app, cmd)
+        assert res.exit_code == 0, (cmd, res.output, res.exception)
+    return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards}
+
+
+EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 10, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
+                 "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 12, "robustness_regression": 1,
+                 "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 5,
+                 "precision_cells": 3 * 4 * 4}
+
+
+def test_every_table_written_stamped_and_sized(run):
+    src_meta = run["data"]["meta"]
+    for name, n in EXPECTED_ROWS.items():
+        p = run["tables"] / f"{name}.parquet"
+        df = pd.read_parquet(p)
+        assert len(df) == n, name
+        assert len(pd.read_csv(run["tables"] / f"{name}.csv")) == n
+        md = read_metadata(p)
+        assert {k: md[k] for k in STAMP_KEYS} == {k: src_meta[k] for k in STAMP_KEYS}, name
+        assert md["subset_hashes"] == src_meta["subset_hashes"] and md["table"] == name
+
+
+def test_full_size_numbers_agree_with_the_metric_core(run):
+    cells = load_cell_scores(run["data"]["cell_scores"]).df
+    from safetyrepro.analysis.tables import FLIP_SUMMARY_COLUMNS, flip_summary
+
+    full_summary = benchmark_summary(cells)
+    pd.testing.assert_frame_equal(flip_summary(cells), full_summary[FLIP_SUMMARY_COLUMNS])
+    tau = pd.read_parquet(run["tables"] / "tau_r.parquet").set_index(["benchmark", "envelope"])
+    for r in full_summary.itertuples():
+        assert tau.loc[(r.benchmark, "full"), "tau_r"] == pytest.approx(r.tau_r)
+    t2 = pd.read_parquet(run["tables"] / "table2.parquet")
+    ref = pairwise_table(cells)
+    pd.testing.assert_series_equal(t2["rho_flip"], ref["rho_flip"])
+    assert set(t2.loc[t2["benchmark"] == "crows_pairs", "n_configs"]) == {12}
+    assert set(t2.loc[t2["benchmark"] != "crows_pairs", "n_configs"]) == {48}
+    t4 = pd.read_parquet(run["tables"] / "table4.parquet").set_index(["benchmark", "envelope"])
+    core = benchmark_summary(cells[cells["core"]]).set_index("benchmark")
+    for b in core.index:
+        assert t4.loc[(b, "core"), "orderings_reachable"] == core.loc[b, "orderings_reachable"]
+        assert t4.loc[(b, "core"), "n_configs"] == (9 if b == "crows_pairs" else 27)
+    boot = pd.read_parquet(run["tables"] / "bootstrap.parquet")
+    assert (boot["ci_low"] <= boot["ci_high"]).all() and set(boot["samples"]) == {200}
+    anova = pd.read_parquet(run["tables"] / "anova.parquet").set_index("benchmark")
+    ff = anova.drop("crows_pairs")
+    assert ff["balanced"].all() and (ff["shares_sum"] - 1).abs().max() < 1e-9 and (ff["n_cells"] == 108).all()
+    prec = pd.read_parquet(run["tables"] / "precision.parquet").set_index("benchmark")
+    assert prec.loc["ALL", "n_cells_paired"] == 48 and prec.loc["ALL", "n_configs_paired"] == 16
+    rob = pd.read_parquet(run["tables"] / "robustness.parquet")
+    assert set(rob["benchmark"]) == {"bbq", "toxigen", "truthfulqa", "xstest"} and (rob["n_configs"] == 36).all()
+    assert rob["consistency"].mean() > 10 * rob["baseline"].mean()  # items are consistently easy or hard
+
+
+def test_figures_report_and_cards(run):
+    from PIL import Image
+
+    for name in ("rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"):
+        p = run["figures"] / f"{name}.png"
+        with Image.open(p) as im:
+            assert im.size[0] > 600 and im.size[1] > 400
+            stamp = json.loads(im.text["Description"])
+        assert stamp["rules_stamp"] == run["data"]["meta"]["rules_stamp"]
+    report = (run["root"] / "report.md").read_text()
+    assert "not produced" not in report
+    for heading in ("Table 2", "Table 3", "Table 4", "Parse-clean", "tau_R", "Bootstrap", "subsamples",
+                    "BF16 vs NF4", "ANOVA", "SHAP", "Robustness"):
+        assert f"## {heading}" in report or heading in report
+    assert report.count("![") == 5 and "](../figures/" not in report
+    assert "](figures/rho_heatmap.png)" in report
+    index = json.loads((run["cards"] / "index.json").read_text())
+    assert len(index["cards"]) == 15
+    card = json.loads((run["cards"] / "alpha__bbq.json").read_text())
+    assert len(card["comparisons"]) == 2 and card["envelope"]["n_configs"] == 48
