@@ -138,3 +138,26 @@ def test_tau_r_in_range(cols):
     r = tau_r({"a": cols[0], "b": cols[1], "c": cols[2]})
     assert math.isnan(r["tau_r"]) or -1 - 1e-9 <= r["tau_r"] <= 1 + 1e-9
     assert r["pairs_used"] + r["pairs_undefined"] == len(cols[0]) * (len(cols[0]) - 1) // 2
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(2, 8).flatmap(lambda n: st.lists(st.lists(score, min_size=n, max_size=n), min_size=3, max_size=4)))
+def test_tau_r_equals_scipy_kendall_tau_b(cols):
+    """The vectorised tau_R equals the mean of scipy's tau-b over defined config pairs."""
+    import itertools
+
+    from scipy.stats import kendalltau
+
+    mat = np.array(cols)
+    ref = []
+    for j, k in itertools.combinations(range(mat.shape[1]), 2):
+        x, y = mat[:, j], mat[:, k]
+        if np.all(x == x[0]) or np.all(y == y[0]):
+            continue
+        ref.append(kendalltau(x, y, variant="b").statistic)
+    r = tau_r({str(i): c for i, c in enumerate(cols)})
+    assert r["pairs_used"] == len(ref)
+    if ref:
+        assert r["tau_r"] == pytest.approx(float(np.mean(ref)), abs=1e-9)
+    else:
+        assert math.isnan(r["tau_r"])

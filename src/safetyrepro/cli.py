@@ -140,9 +140,11 @@ def rho_flip_table(
 
 def _register_subcommands() -> None:
     """Commands defined next to the code they drive (each module imports lazily)."""
+    from .analysis.cli import register as analysis_cmd
     from .items.cli import register as items_cmd
 
     items_cmd(app)
+    analysis_cmd(app)
 
 
 _register_subcommands()
