@@ -1,0 +1,403 @@
+"""The thin client a cell job uses: run one call in the node's worker for a resource key,
+starting that worker if none is running.
+
+Importing this module must stay cheap (every Snakemake cell job is a fresh Python process):
+standard library and ``safetyrepro.errors`` only, no torch/numpy.
+
+    result = run_in_worker(state_dir, "qwen2.5-0.5b.nf4.3f2a", "safetyrepro.models:load_model",
+                           {"model_key": ..., "config": ...}, "safetyrepro.cells:run_cell",
+                           {"cell": ...}, label="cell qwen2.5-0.5b/bbq/T1-greedy-k0-freeform")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
+from .protocol import PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message, recv_message, send_frame
+from .state import (FileLock, WorkerPaths, is_worker_process, list_pid_files, lock_is_held,
+                    log_tail, pid_alive, read_holder, read_pid_file, remove_if_owned, spec_hash)
+
+DEFAULT_IDLE_TIMEOUT = 120.0
+DEFAULT_START_TIMEOUT = 60.0
+HELLO_TIMEOUT = 30.0
+MAX_ATTEMPTS = 20
+EXIT_ALREADY_RUNNING = 3  # see server.serve
+
+
+class _Connection:
+    """One accepted connection: the worker's hello, then one request and its reply."""
+
+    def __init__(self, sock: socket.socket, hello: dict[str, Any], paths: WorkerPaths):
+        self.sock = sock
+        self.hello = hello
+        self.paths = paths
+
+    @property
+    def pid(self) -> int | None:
+        return self.hello.get("pid")
+
+    def request(self, frame: bytes) -> dict[str, Any]:
+        """Send a request and wait (without time limit) for the reply; ConnectionClosed or
+        OSError if the worker went away."""
+        self.sock.settimeout(None)
+        send_frame(self.sock, frame)
+        return recv_message(self.sock)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def connect(paths: WorkerPaths, timeout: float = HELLO_TIMEOUT) -> _Connection | None:
+    """Connect to the worker for ``paths.key``; None if no worker is listening."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(paths.sock))
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        sock.close()
+        return None
+    except socket.timeout:
+        sock.close()
+        raise WorkerError(f"the worker socket {paths.sock} for {paths.key} accepted no connection "
+                          f"within {timeout:.0f} s; last lines of {paths.log}:\n{log_tail(paths.log)}")
+    try:
+        hello = recv_message(sock)
+    except (ConnectionClosed, ConnectionError):
+        sock.close()              # closed before greeting: it was going away, nothing was sent
+        return None
+    except socket.timeout:
+        sock.close()
+        raise WorkerError(f"the worker for {paths.key} ({paths.sock}) did not answer within "
+                          f"{timeout:.0f} s; last lines of {paths.log}:\n{log_tail(paths.log)}")
+    except ProtocolError as exc:
+        sock.close()
+        raise WorkerError(f"{paths.sock} is not a SafetyRepro worker socket: {exc}") from exc
+    if hello.get("hello") != 1 or hello.get("protocol") != PROTOCOL_VERSION or hello.get("key") != paths.key:
+        sock.close()
+        raise WorkerError(f"{paths.sock} answered {hello!r}; expected a protocol "
+                          f"{PROTOCOL_VERSION} worker for {paths.key} (stop it with "
+                          f"`safetyrepro worker stop --state-dir {paths.state_dir} --all`)")
+    return _Connection(sock, hello, paths)
+
+
+def _simple_request(paths: WorkerPaths, msg: dict[str, Any]) -> dict[str, Any] | None:
+    """Send a status/shutdown request; None if no worker answered."""
+    conn = connect(paths)
+    if conn is None:
+        return None
+    try:
+        return conn.request(encode_message(msg))
+    except (ConnectionClosed, OSError):
+        return None
+    finally:
+        conn.close()
+
+
+def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
+    out = dict(os.environ if env is None else env)
+    # The worker must import this very package, whatever the client's sys.path trick was.
+    pkg_parent = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if pkg_parent not in parts:
+        parts.insert(0, pkg_parent)
+    out["PYTHONPATH"] = os.pathsep.join(parts)
+    out["PYTHONUNBUFFERED"] = "1"
+    return out
+
+
+def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle_timeout: float,
+           start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None) -> None:
+    """Start a detached worker and wait until it listens (call with the start lock held)."""
+    cmd = [python or sys.executable, "-m", "safetyrepro.worker", "serve",
+           "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
+           "--loader-arg", json.dumps(loader_args, sort_keys=True),
+           "--idle-timeout", repr(float(idle_timeout)), "--slots", str(int(slots)), "--detach"]
+    with open(paths.log, "ab") as logf:
+        logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} client pid {os.getpid()} starts "
+                   f"a worker for {paths.key}\n".encode())
+        logf.flush()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                env=_worker_env(env), start_new_session=True, close_fds=True)
+    try:
+        rc = proc.wait(timeout=start_timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise WorkerStartError(f"the worker for {paths.key} did not start listening within "
+                               f"{start_timeout:.0f} s; last lines of {paths.log}:\n"
+                               f"{log_tail(paths.log)}") from None
+    if rc == EXIT_ALREADY_RUNNING:
+        return                    # another worker holds the key: the caller connects to it
+    if rc != 0:
+        raise WorkerStartError(f"the worker for {paths.key} failed to start (exit status {rc}); "
+                               f"last lines of {paths.log}:\n{log_tail(paths.log)}")
+
+
+def _make_room(paths: WorkerPaths, max_workers: int) -> list[int]:
+    """Ask workers for other keys to shut down so that at most ``max_workers - 1`` of them
+    keep serving (the most idle go first). Removes pid files of dead workers. Returns the
+    pids asked to stop. Does not wait: the new worker waits for the device lock."""
+    candidates = []
+    for info in list_pid_files(paths.state_dir):
+        if info.get("key") == paths.key:
+            continue
+        if not info["alive"]:
+            remove_if_owned(Path(info["path"]), info["pid"])
+            continue
+        try:
+            other = WorkerPaths(paths.state_dir, info["key"])
+        except ValueError:
+            continue
+        conn = connect(other)
+        if conn is None:
+            continue              # not listening: already on its way out
+        if conn.hello.get("draining"):
+            conn.close()
+            continue
+        candidates.append((-(conn.hello.get("idle_s") or 0.0), other, conn))
+    candidates.sort(key=lambda c: c[0])
+    excess = len(candidates) - (max_workers - 1)
+    asked = []
+    for i, (_, other, conn) in enumerate(candidates):
+        try:
+            if i < excess:
+                conn.request(encode_message({"op": "shutdown",
+                                             "reason": f"device needed for {paths.key}"}))
+                asked.append(conn.pid)
+        except (ConnectionClosed, OSError):
+            pass
+        finally:
+            conn.close()
+    return asked
+
+
+def _find_or_start(paths: WorkerPaths, spec: str, loader: str, loader_args: dict[str, Any], *,
+                   idle_timeout: float, start_timeout: float, max_workers: int,
+                   env: dict[str, str] | None, python: str | None) -> _Connection:
+    with FileLock(paths.start_lock):
+        conn = connect(paths)
+        if conn is not None:
+            if conn.hello.get("spec") == spec and not conn.hello.get("draining"):
+                return conn
+            try:
+                if conn.hello.get("spec") != spec:
+                    # Same key, different state (loader arguments or code changed): replace it.
+                    conn.request(encode_message({"op": "shutdown",
+                                                 "reason": f"replaced by a worker for spec {spec}"}))
+            except (ConnectionClosed, OSError):
+                pass
+            finally:
+                conn.close()
+        _make_room(paths, max_workers)
+        _spawn(paths, loader, loader_args, idle_timeout=idle_timeout, start_timeout=start_timeout,
+               slots=max_workers, env=env, python=python)
+        conn = connect(paths)
+        if conn is None:
+            raise WorkerStartError(f"started a worker for {paths.key} but cannot connect to "
+                                   f"{paths.sock}; last lines of {paths.log}:\n{log_tail(paths.log)}")
+        return conn
+
+
+def _cleanup_after_crash(paths: WorkerPaths, pid: int | None) -> None:
+    """Remove the dead worker's pid file and socket (under the start lock, so that no fresh
+    worker is binding the same path meanwhile)."""
+    lock = FileLock(paths.start_lock)
+    if not lock.acquire(timeout=5.0):
+        return
+    try:
+        info = read_pid_file(paths.pid)
+        if info is not None and not pid_alive(info["pid"]):
+            remove_if_owned(paths.pid, info["pid"])
+        if paths.sock.exists():
+            conn = connect(paths, timeout=2.0)
+            if conn is None:
+                paths.sock.unlink(missing_ok=True)
+            else:
+                conn.close()
+    except WorkerError:
+        pass
+    finally:
+        lock.release()
+
+
+def _remote_error(reply: dict[str, Any], paths: WorkerPaths, pid: int | None, target: str,
+                  label: str | None) -> Exception:
+    etype = str(reply.get("error_type", "Error"))
+    msg = str(reply.get("message", ""))
+    tb = str(reply.get("traceback", "") or "")
+    where = f"worker for {paths.key}, pid {pid}; log {paths.log}"
+    if reply.get("phase") == "load":
+        detail = "" if reply.get("safetyrepro_error") else f"\n{tb}"
+        return WorkerLoadError(f"{msg} [{where}]{detail}".rstrip())
+    what = label or target
+    if reply.get("safetyrepro_error"):
+        text = f"{msg} [{etype} raised in {where}]"
+    else:
+        text = f"{what}: {etype}: {msg} [{where}]\n{tb}".rstrip()
+    if reply.get("fatal"):
+        text += "\n(the worker exited after this error; the next call starts a fresh one)"
+    return WorkerCallError(text, key=paths.key, pid=pid, target=target, label=label,
+                           error_type=etype, remote_message=msg, remote_traceback=tb,
+                           fatal=bool(reply.get("fatal")))
+
+
+def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
+                  loader_args: dict[str, Any], target: str, kwargs: dict[str, Any] | None = None,
+                  *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                  start_timeout: float = DEFAULT_START_TIMEOUT, label: str | None = None,
+                  max_workers: int = 1, env: dict[str, str] | None = None,
+                  python: str | None = None) -> Any:
+    """Run ``target(state, **kwargs)`` in this node's worker for ``key`` and return its
+    (JSON) result. ``state`` is ``loader(**loader_args)``, loaded once per worker.
+
+    Reuses a live worker for ``key`` (with the same loader and arguments), else starts one
+    (detached; it exits after ``idle_timeout`` s without calls), first asking workers for
+    other keys to shut down so that at most ``max_workers`` are alive. Raises
+    WorkerCallError (a CellError) if the target raised, WorkerLoadError (a ModelError) if
+    loading failed, WorkerCrashed if the worker died during the call, WorkerStartError if it
+    could not be started. ``label`` names the call in events and errors (e.g. the cell id);
+    ``env`` is the environment for a newly started worker (default: this process's)."""
+    paths = WorkerPaths(state_dir, key)
+    paths.ensure_dir()
+    if not isinstance(loader_args, dict):
+        raise TypeError("loader_args must be a dict")
+    spec = spec_hash(loader, loader_args)
+    frame = encode_message({"op": "call", "target": target, "kwargs": kwargs or {}, "label": label})
+    what = label or target
+    for attempt in range(MAX_ATTEMPTS):
+        conn = connect(paths)
+        if conn is not None and (conn.hello.get("spec") != spec or conn.hello.get("draining")):
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = _find_or_start(paths, spec, loader, loader_args, idle_timeout=idle_timeout,
+                                  start_timeout=start_timeout, max_workers=max_workers,
+                                  env=env, python=python)
+        pid = conn.pid
+        try:
+            reply = conn.request(frame)
+        except ProtocolError as exc:
+            if not isinstance(exc, ConnectionClosed):
+                raise WorkerError(f"the worker for {key} (pid {pid}) sent a malformed reply to "
+                                  f"{what}: {exc}") from exc
+            crash = exc
+        except OSError as exc:
+            crash = exc
+        else:
+            crash = None
+        finally:
+            conn.close()
+        if crash is not None:
+            time.sleep(0.2)       # let the log catch up
+            _cleanup_after_crash(paths, pid)
+            raise WorkerCrashed(f"the worker for {key} (pid {pid}) died while running {what} "
+                                f"({crash}); rerunning starts a fresh worker. Last lines of "
+                                f"{paths.log}:\n{log_tail(paths.log)}") from None
+        if reply.get("retry"):
+            time.sleep(min(0.05 * (attempt + 1), 0.5))
+            continue
+        if reply.get("ok"):
+            return reply.get("result")
+        raise _remote_error(reply, paths, pid, target, label)
+    raise WorkerError(f"gave up running {what} after {MAX_ATTEMPTS} attempts: the worker for "
+                      f"{key} kept shutting down (another client is taking the device?)")
+
+
+# ---- managing workers ---------------------------------------------------------------------
+
+def worker_status(state_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The workers registered in ``state_dir`` (pid files) with their live status, plus any
+    other process holding a device lock."""
+    out = []
+    seen = set()
+    for info in list_pid_files(state_dir):
+        row = {k: info.get(k) for k in ("key", "pid", "host", "sock", "spec", "loader", "started")}
+        row["alive"] = info["alive"]
+        if info["alive"]:
+            try:
+                reply = _simple_request(WorkerPaths(state_dir, info["key"]), {"op": "status"})
+            except (WorkerError, ValueError):
+                reply = None
+            if reply and reply.get("ok") and reply["result"].get("pid") == info["pid"]:
+                row.update(reply["result"])
+            else:
+                row["phase"] = "not answering (draining or starting)"
+        out.append(row)
+        seen.add(info["pid"])
+    for lock in sorted(Path(state_dir).glob("device*.lock")):
+        holder = read_holder(lock)
+        if holder and holder.get("pid") not in seen and lock_is_held(lock) \
+                and is_worker_process(holder["pid"], holder.get("key")):
+            out.append({"key": holder.get("key"), "pid": holder["pid"], "alive": True,
+                        "phase": f"holding {lock.name} (draining)"})
+    return out
+
+
+def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: float = 60.0,
+                 kill: bool = True) -> list[dict[str, Any]]:
+    """Ask the workers in ``state_dir`` (only ``key``'s if given) to shut down, wait up to
+    ``timeout`` s for them to exit (they finish their current call first), then SIGKILL the
+    rest if ``kill``. Returns one {key, pid, outcome} per worker, outcome one of
+    "stopped", "killed", "still running", "stale" (was already dead; files removed)."""
+    targets: dict[int, dict[str, Any]] = {}
+    for info in list_pid_files(state_dir):
+        if key is not None and info.get("key") != key:
+            continue
+        if not info["alive"]:
+            remove_if_owned(Path(info["path"]), info["pid"])
+            targets[info["pid"]] = {"key": info.get("key"), "pid": info["pid"], "outcome": "stale"}
+            continue
+        targets[info["pid"]] = {"key": info.get("key"), "pid": info["pid"], "outcome": None}
+        try:
+            reply = _simple_request(WorkerPaths(state_dir, info["key"]),
+                                    {"op": "shutdown", "reason": "stop requested"})
+        except (WorkerError, ValueError):
+            reply = None
+        if not (reply and reply.get("ok") and reply["result"].get("pid") == info["pid"]):
+            try:
+                os.kill(info["pid"], signal.SIGTERM)   # not answering: graceful via signal
+            except ProcessLookupError:
+                pass
+    if key is None:               # also wait for draining workers still holding the device
+        for lock in Path(state_dir).glob("device*.lock"):
+            holder = read_holder(lock)
+            if holder and holder.get("pid") not in targets and lock_is_held(lock) \
+                    and is_worker_process(holder["pid"], holder.get("key")):
+                targets[holder["pid"]] = {"key": holder.get("key"), "pid": holder["pid"],
+                                          "outcome": None}
+    deadline = time.monotonic() + timeout
+    pending = [t for t in targets.values() if t["outcome"] is None]
+    while pending:
+        for t in pending:
+            if not is_worker_process(t["pid"], t["key"]):
+                t["outcome"] = "stopped"
+        pending = [t for t in pending if t["outcome"] is None]
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    for t in pending:
+        if not kill:
+            t["outcome"] = "still running"
+            continue
+        try:
+            os.kill(t["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + 10.0
+        while pid_alive(t["pid"]) and time.monotonic() < end:
+            time.sleep(0.05)
+        t["outcome"] = "killed"
+        try:
+            remove_if_owned(WorkerPaths(state_dir, t["key"]).pid, t["pid"])
+        except (ValueError, TypeError):
+            pass
+    return list(targets.values())

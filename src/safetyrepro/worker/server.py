@@ -1,0 +1,568 @@
+"""The persistent worker process: holds one resource (e.g. a loaded model) and runs calls on it.
+
+A worker serves one resource key. At start it binds its socket, then takes a device slot
+(``device.lock``; waits while another worker holds it), calls its *loader* once
+(``loader(**loader_args)`` returns the state, e.g. the model) and then runs call requests,
+one at a time in arrival order, as ``target(state, **kwargs)`` in its main thread.
+
+* A call that raises an ``Exception`` is answered with the error and the worker keeps
+  serving; a ``BaseException`` (KeyboardInterrupt, SystemExit), an exception whose class or
+  instance has ``worker_fatal = True``, or a CUDA error ends the worker after answering.
+* A loader failure is answered to every waiting and later client; the worker then exits.
+* Shutdown (a ``shutdown`` request, SIGTERM, the idle timeout or a fatal error) *drains*: the
+  socket is removed and the key lock released at once (a successor for the same key may
+  start and wait for the device), calls already queued still run, and the process exits;
+  the device lock goes with the process. Queued calls are answered ``retry`` instead (their
+  clients start a fresh worker) when the worker has not loaded yet or the error was fatal.
+* Queued calls whose client has gone away (killed job) are skipped.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import importlib
+import logging
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable
+
+from ..errors import SafetyReproError
+from .events import append_event
+from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message,
+                       recv_message, send_frame, send_message)
+from .state import (FileLock, WorkerPaths, hostname, read_holder, remove_if_owned, spec_hash,
+                    write_json_atomic)
+
+log = logging.getLogger("safetyrepro.worker")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ALREADY_RUNNING = 3
+REQUEST_READ_TIMEOUT = 60.0
+DEVICE_POLL_S = 0.1
+DEVICE_LOG_EVERY_S = 30.0
+
+
+def resolve_callable(spec: str) -> Callable[..., Any]:
+    """Import ``"package.module:function"`` (the attribute may be dotted)."""
+    module_name, sep, attr = str(spec).partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{spec!r} is not of the form 'module:function'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{spec!r} is not callable")
+    return obj
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether an exception from a call leaves the worker unusable (it then exits)."""
+    if not isinstance(exc, Exception):
+        return True
+    if getattr(exc, "worker_fatal", False):
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    return ("AcceleratorError" in text or "CUDA error" in text
+            or "device-side assert" in text or "CUBLAS_STATUS" in text)
+
+
+def _format_remote(exc: BaseException) -> str:
+    """The traceback without this module's own frame(s) on top."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def error_reply(exc: BaseException, phase: str, *, fatal: bool = False, retry: bool = False,
+                message: str | None = None) -> dict[str, Any]:
+    return {"ok": False, "phase": phase, "error_type": type(exc).__name__,
+            "safetyrepro_error": isinstance(exc, SafetyReproError),
+            "message": message if message is not None else str(exc),
+            "traceback": _format_remote(exc),
+            "fatal": fatal, "retry": retry}
+
+
+def _retry_reply(reason: str) -> dict[str, Any]:
+    return {"ok": False, "phase": "call", "error_type": "WorkerShuttingDown",
+            "safetyrepro_error": False, "message": f"worker is shutting down ({reason})",
+            "traceback": "", "fatal": False, "retry": True}
+
+
+def _client_gone(conn: socket.socket) -> bool:
+    """Whether the client closed its end (it sends nothing after its request)."""
+    try:
+        readable, _, _ = select.select([conn], [], [], 0)
+        if not readable:
+            return False
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _free_accelerator_cache() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
+        except Exception:  # noqa: BLE001 - best effort after a failed call
+            pass
+
+
+class _Job:
+    __slots__ = ("conn", "request", "target", "label", "queued_at")
+
+    def __init__(self, conn: socket.socket, request: dict[str, Any]):
+        self.conn = conn
+        self.request = request
+        self.target = request["target"]
+        self.label = request.get("label")
+        self.queued_at = time.time()
+
+
+class Worker:
+    """One worker process's server. Use :func:`serve` to run one."""
+
+    def __init__(self, paths: WorkerPaths, key_lock: FileLock, loader: str,
+                 loader_args: dict[str, Any], idle_timeout: float, slots: int = 1):
+        if not isinstance(loader_args, dict):
+            raise ValueError(f"loader args must be a JSON object, got {type(loader_args).__name__}")
+        if idle_timeout <= 0:
+            raise ValueError(f"idle timeout must be positive, got {idle_timeout}")
+        if slots < 1:
+            raise ValueError(f"device slots must be >= 1, got {slots}")
+        self.paths = paths
+        self.key = paths.key
+        self.loader = loader
+        self.loader_args = loader_args
+        self.idle_timeout = float(idle_timeout)
+        self.slots = int(slots)
+        self.spec = spec_hash(loader, loader_args)
+        self.pid = os.getpid()
+        self.host = hostname()
+        self._key_lock = key_lock
+        self._device_lock: FileLock | None = None
+        self._device_slot: int | None = None
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._draining = False
+        self._drain_reason: str | None = None
+        self._phase = "starting"
+        self._load_error: dict[str, Any] | None = None
+        self._load_seconds: float | None = None
+        self._state: Any = None
+        self._current: _Job | None = None
+        self._n_calls = 0
+        self._in_flight = 0          # handler threads between accept and hand-off
+        self._started = time.time()
+        self._last_activity = time.monotonic()
+        self._listener: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
+
+    # ---- bookkeeping ------------------------------------------------------------------
+    def _event(self, event: str, **fields: Any) -> None:
+        rec = {"event": event, "key": self.key, "pid": self.pid, "host": self.host,
+               "t": time.time(), **fields}
+        try:
+            append_event(self.paths.events, rec)
+        except OSError as exc:
+            log.warning("cannot append to %s: %s", self.paths.events, exc)
+
+    def _hello(self) -> dict[str, Any]:
+        with self._cond:
+            return {"hello": 1, "protocol": PROTOCOL_VERSION, "pid": self.pid, "key": self.key,
+                    "host": self.host, "spec": self.spec, "phase": self._phase,
+                    "draining": self._draining, "busy": self._current is not None,
+                    "queued": len(self._queue),
+                    "idle_s": round(time.monotonic() - self._last_activity, 3)}
+
+    def status(self) -> dict[str, Any]:
+        st = self._hello()
+        with self._cond:
+            st.update({"loader": self.loader, "drain_reason": self._drain_reason,
+                       "n_calls": self._n_calls, "uptime_s": round(time.time() - self._started, 3),
+                       "load_seconds": self._load_seconds, "device_slot": self._device_slot,
+                       "current": (self._current.label or self._current.target)
+                       if self._current else None,
+                       "idle_timeout": self.idle_timeout, "sock": str(self.paths.sock)})
+        return st
+
+    # ---- draining ---------------------------------------------------------------------
+    def _start_drain_locked(self, reason: str) -> None:
+        if self._draining:
+            return
+        self._draining = True
+        self._drain_reason = reason
+        log.info("shutting down (%s); %d call(s) queued", reason, len(self._queue))
+        # Stop being findable, and let a successor for this key start (it will wait for
+        # the device). We still hold the key lock, so the socket path is ours to remove.
+        try:
+            if self._listener is not None:
+                os.unlink(self.paths.sock)
+        except FileNotFoundError:
+            pass
+        self._key_lock.release()
+        self._cond.notify_all()
+
+    def request_drain(self, reason: str) -> None:
+        with self._cond:
+            self._start_drain_locked(reason)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Signal handlers run in the main thread, possibly while it holds self._cond:
+        # hand the work to a thread instead of taking the lock here.
+        threading.Thread(target=self.request_drain, args=(f"signal {signum}",),
+                         name="sigterm", daemon=True).start()
+
+    # ---- socket side ------------------------------------------------------------------
+    def _bind(self) -> None:
+        path = self.paths.sock
+        try:
+            os.unlink(path)           # stale: we hold the key lock, no live worker owns it
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)         # socket 0600: a call runs arbitrary importable code
+        try:
+            sock.bind(str(path))
+        finally:
+            os.umask(old)
+        sock.listen(128)
+        sock.settimeout(0.2)
+        self._listener = sock
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            with self._cond:
+                if self._draining:
+                    break
+            try:
+                conn, _ = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                log.warning("accept failed: %s", exc)
+                time.sleep(0.1)
+                continue
+            with self._cond:
+                self._in_flight += 1
+            threading.Thread(target=self._handle, args=(conn,), name="conn", daemon=True).start()
+        self._listener.close()
+
+    def _handle(self, conn: socket.socket) -> None:
+        handed_off = False
+        try:
+            conn.settimeout(REQUEST_READ_TIMEOUT)
+            send_message(conn, self._hello())
+            req = recv_message(conn)
+            op = req.get("op")
+            if op == "status":
+                send_message(conn, {"ok": True, "result": self.status()})
+            elif op == "shutdown":
+                self.request_drain(str(req.get("reason") or "shutdown request"))
+                send_message(conn, {"ok": True, "result": {"pid": self.pid, "draining": True}})
+            elif op == "call":
+                if not isinstance(req.get("target"), str) or not isinstance(req.get("kwargs", {}), dict):
+                    send_message(conn, {"ok": False, "phase": "call", "error_type": "ProtocolError",
+                                        "safetyrepro_error": False, "fatal": False, "retry": False,
+                                        "message": "call needs 'target' (str) and 'kwargs' (object)",
+                                        "traceback": ""})
+                    return
+                reply = None
+                with self._cond:
+                    if self._load_error is not None:
+                        reply = self._load_error
+                    elif self._draining:
+                        reply = _retry_reply(self._drain_reason or "draining")
+                    else:
+                        conn.settimeout(None)
+                        self._queue.append(_Job(conn, req))
+                        handed_off = True
+                        self._cond.notify_all()
+                if reply is not None:
+                    send_message(conn, reply)
+            else:
+                send_message(conn, {"ok": False, "phase": "call", "error_type": "ProtocolError",
+                                    "safetyrepro_error": False, "fatal": False, "retry": False,
+                                    "message": f"unknown op {op!r}", "traceback": ""})
+        except (ProtocolError, OSError) as exc:
+            log.debug("connection dropped: %s", exc)
+        finally:
+            if not handed_off:
+                conn.close()
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    # ---- main thread ------------------------------------------------------------------
+    def _write_pid_file(self) -> None:
+        write_json_atomic(self.paths.pid, {
+            "pid": self.pid, "key": self.key, "host": self.host, "sock": str(self.paths.sock),
+            "spec": self.spec, "loader": self.loader, "started": self._started,
+            "idle_timeout": self.idle_timeout, "slots": self.slots})
+        self._key_lock.write_holder({"pid": self.pid, "key": self.key, "host": self.host})
+
+    def _acquire_device(self) -> bool:
+        """Take a free device slot; False if the worker was told to stop before it got one
+        and no call is waiting for it."""
+        self._phase = "waiting_device"
+        t0 = time.monotonic()
+        last_log = t0
+        locks = [FileLock(self.paths.device_lock(s)) for s in range(self.slots)]
+        while True:
+            for slot, lock in enumerate(locks):
+                if lock.acquire(timeout=0):
+                    lock.write_holder({"pid": self.pid, "key": self.key, "host": self.host,
+                                       "t": time.time()})
+                    self._device_lock, self._device_slot = lock, slot
+                    waited = time.monotonic() - t0
+                    if waited > 1:
+                        log.info("got device slot %d after waiting %.1f s", slot, waited)
+                    self._event("device", slot=slot, waited_s=round(waited, 6))
+                    return True
+            with self._cond:
+                if self._draining:
+                    # Told to stop before loading: do not load just to serve the queue (the
+                    # device holder may be idle with nobody asking it to leave). Queued
+                    # calls are answered "retry"; their clients start a fresh worker.
+                    log.info("stopping before loading (%s); %d queued call(s) will be retried",
+                             self._drain_reason, len(self._queue))
+                    return False
+            now = time.monotonic()
+            if now - last_log >= DEVICE_LOG_EVERY_S:
+                holders = [read_holder(lk.path) for lk in locks]
+                log.info("waiting %.0f s for the device, held by %s", now - t0, holders)
+                last_log = now
+            time.sleep(DEVICE_POLL_S)
+
+    def _load(self) -> bool:
+        self._phase = "loading"
+        t_start = time.time()
+        log.info("loading %s via %s(%s)", self.key, self.loader, self.loader_args)
+        try:
+            fn = resolve_callable(self.loader)
+            state = fn(**self.loader_args)
+        except Exception as exc:  # noqa: BLE001 - reported to every client
+            seconds = time.time() - t_start
+            log.error("loading %s failed after %.1f s:\n%s", self.key, seconds,
+                      "".join(traceback.format_exception(exc)))
+            self._event("load", t_start=t_start, seconds=round(seconds, 6), ok=False,
+                        loader=self.loader, error_type=type(exc).__name__)
+            reply = error_reply(exc, "load", fatal=True,
+                                message=f"loading {self.key} with {self.loader} failed: "
+                                        f"{type(exc).__name__}: {exc}")
+            with self._cond:
+                self._load_error = reply
+                self._phase = "failed"
+                self._start_drain_locked("load failed")
+                waiting = list(self._queue)
+                self._queue.clear()
+            for job in waiting:
+                self._send_and_close(job, encode_message(reply))
+            return False
+        seconds = time.time() - t_start
+        self._state = state
+        self._load_seconds = seconds
+        log.info("loaded %s in %.2f s", self.key, seconds)
+        self._event("load", t_start=t_start, seconds=round(seconds, 6), ok=True, loader=self.loader)
+        with self._cond:
+            self._phase = "ready"
+            self._last_activity = time.monotonic()
+        return True
+
+    def _send_and_close(self, job: _Job, frame: bytes) -> None:
+        try:
+            send_frame(job.conn, frame)
+        except OSError as exc:
+            log.warning("could not answer %s (client gone?): %s", job.label or job.target, exc)
+        finally:
+            job.conn.close()
+
+    def _run_job(self, job: _Job) -> BaseException | None:
+        """Run one call and answer it. Returns the exception if it was fatal."""
+        what = job.label or job.target
+        if _client_gone(job.conn):
+            log.info("skipping %s: its client has gone away", what)
+            self._event("skip", target=job.target, label=job.label)
+            job.conn.close()
+            return None
+        t_start = time.time()
+        log.info("call %s (%s)", job.target, what)
+        fatal: BaseException | None = None
+        error_type = None
+        try:
+            fn = resolve_callable(job.target)
+            result = fn(self._state, **(job.request.get("kwargs") or {}))
+            try:
+                frame = encode_message({"ok": True, "result": result})
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"result of {job.target} is not JSON-serializable: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - answered to the client
+            error_type = type(exc).__name__
+            fatal = exc if is_fatal(exc) else None
+            log.error("call %s (%s) failed%s:\n%s", job.target, what,
+                      " (fatal: worker will exit)" if fatal else "",
+                      "".join(traceback.format_exception(exc)))
+            frame = encode_message(error_reply(exc, "call", fatal=fatal is not None))
+        except BaseException as exc:
+            error_type = type(exc).__name__
+            fatal = exc
+            log.error("call %s (%s) interrupted by %s: worker will exit", job.target, what, error_type)
+            frame = encode_message(error_reply(exc, "call", fatal=True,
+                                               message=f"worker interrupted by {error_type}"))
+        seconds = time.time() - t_start
+        # Event first: whoever reads the events after getting the reply sees this call.
+        self._event("call", target=job.target, label=job.label, t_start=t_start,
+                    seconds=round(seconds, 6), ok=error_type is None,
+                    **({"error_type": error_type} if error_type else {}))
+        self._send_and_close(job, frame)
+        if error_type is not None:
+            _free_accelerator_cache()
+        return fatal
+
+    def _serve_loop(self) -> BaseException | None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    if self._draining:
+                        if self._in_flight == 0:
+                            return None
+                        self._cond.wait(0.2)
+                        continue
+                    idle = time.monotonic() - self._last_activity
+                    if idle >= self.idle_timeout and self._in_flight == 0:
+                        self._start_drain_locked(f"idle for {idle:.0f} s")
+                        continue
+                    self._cond.wait(max(0.05, min(self.idle_timeout - idle, 1.0)))
+                job = self._queue.popleft()
+                self._current = job
+            fatal = self._run_job(job)
+            with self._cond:
+                self._current = None
+                self._n_calls += 1
+                self._last_activity = time.monotonic()
+            if fatal is not None:
+                return fatal
+
+    def _fail_queued(self, reason: str) -> None:
+        with self._cond:
+            self._start_drain_locked(reason)
+            waiting = list(self._queue)
+            self._queue.clear()
+        for job in waiting:
+            self._send_and_close(job, encode_message(_retry_reply(reason)))
+
+    def _finish(self, code: int, reason: str) -> None:
+        self.request_drain(reason)
+        if self._acceptor is not None:
+            self._acceptor.join(timeout=2.0)        # no new connections after this
+        with self._cond:                            # let accepted ones get their answer
+            deadline = time.monotonic() + 3.0
+            while self._in_flight and time.monotonic() < deadline:
+                self._cond.wait(0.1)
+        self._fail_queued(reason)
+        self._event("exit", reason=self._drain_reason or reason, code=code, n_calls=self._n_calls,
+                    uptime_s=round(time.time() - self._started, 3))
+        remove_if_owned(self.paths.pid, self.pid)
+        log.info("exiting (%s) after %d call(s)", self._drain_reason or reason, self._n_calls)
+        # The device lock is released by the process exit itself (after the accelerator
+        # memory is gone), not here.
+
+    def run(self, on_ready: Callable[[], None] | None = None) -> int:
+        """Serve until drained; returns the process exit code."""
+        self.pid = os.getpid()          # after a fork, the child's
+        self._started = time.time()
+        self._write_pid_file()
+        self._bind()
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._event("start", loader=self.loader, spec=self.spec, sock=str(self.paths.sock))
+        log.info("worker for %s listening on %s", self.key, self.paths.sock)
+        if on_ready is not None:
+            on_ready()
+        self._acceptor = threading.Thread(target=self._accept_loop, name="accept", daemon=True)
+        self._acceptor.start()
+        code, reason = EXIT_OK, "exit"
+        try:
+            if not self._acquire_device():
+                reason = self._drain_reason or "stopped"
+            elif not self._load():
+                code, reason = EXIT_FAILED, "load failed"
+            else:
+                fatal = self._serve_loop()
+                if fatal is not None:
+                    code, reason = EXIT_FAILED, f"fatal {type(fatal).__name__} in a call"
+                    self._fail_queued(reason)
+        except BaseException as exc:  # noqa: BLE001 - KeyboardInterrupt, SystemExit, bugs
+            code, reason = EXIT_FAILED, f"fatal {type(exc).__name__}"
+            log.error("worker failing: %s", "".join(traceback.format_exception(exc)))
+        finally:
+            self._finish(code, reason)
+        return code
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s worker[%(process)d] %(levelname)s %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict[str, Any],
+          idle_timeout: float, slots: int = 1, detach: bool = False) -> int:
+    """Run a worker for ``key``; returns the exit status.
+
+    With ``detach`` the calling process forks: the child (in a new session) becomes the
+    worker, and the parent returns 0 once the child's socket is listening, or 1 if the child
+    died before that. Returns 3 at once if a worker for ``key`` already holds its key lock."""
+    _setup_logging()
+    paths = WorkerPaths(state_dir, key)
+    paths.ensure_dir()
+    key_lock = FileLock(paths.key_lock)
+    if not key_lock.acquire(timeout=2.0):
+        log.error("a worker for %s is already running: %s", key, read_holder(paths.key_lock))
+        return EXIT_ALREADY_RUNNING
+    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots)  # validates
+    ready_fd: int | None = None
+    if detach:
+        r, w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child = os.fork()
+        if child:
+            # Launcher: wait for the worker to be listening. Do NOT release the key lock:
+            # the lock is shared with the child through the inherited descriptor.
+            os.close(w)
+            with os.fdopen(r, "rb") as fh:
+                got = fh.read()
+            if got.startswith(b"ready"):
+                return EXIT_OK
+            try:
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            log.error("worker for %s (pid %d) exited before it was ready", key, child)
+            return EXIT_FAILED
+        os.close(r)
+        os.setsid()
+        ready_fd = w
+
+    def on_ready() -> None:
+        if ready_fd is not None:
+            os.write(ready_fd, b"ready\n")
+            os.close(ready_fd)
+
+    return worker.run(on_ready)

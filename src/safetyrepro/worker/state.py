@@ -1,0 +1,324 @@
+"""Layout of a node's worker state directory, file locks and process checks.
+
+One state directory per node (default ``<results_dir>/.workers/<hostname>/``) holds, per
+resource key K::
+
+    K.sock        the worker's Unix socket (or a hashed name under /tmp when the path is long)
+    K.pid         JSON {pid, key, host, sock, spec, loader, started}: the worker serving K
+    K.lock        flock held by the worker serving K (released when it starts draining)
+    K.log         the worker's stdout/stderr, appended across restarts
+
+and, shared by all keys::
+
+    start.lock    flock serializing "find or start a worker" among clients on this node
+    device.lock   flock held by a worker while its state (model) is loaded; with N slots,
+                  device.lock, device.1.lock, ... device.<N-1>.lock
+    events.jsonl  load/call/exit events (see :mod:`safetyrepro.worker.events`)
+
+Standard library only (imported by every cell client).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import socket
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import WorkerError
+
+WORKERS_SUBDIR = ".workers"
+STATE_DIR_ENV = "SAFETYREPRO_WORKER_DIR"
+EVENTS_FILE = "events.jsonl"
+# sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
+MAX_SOCKET_PATH = 100
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}$")
+
+
+def hostname() -> str:
+    """This node's short name, safe as a path component."""
+    name = socket.gethostname().split(".")[0] or "localhost"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
+    """``$SAFETYREPRO_WORKER_DIR/<host>`` if that is set, else ``<results_dir>/.workers/<host>``.
+
+    The host level matters on clusters whose nodes share the results filesystem: workers,
+    sockets and locks are per node."""
+    root = os.environ.get(STATE_DIR_ENV)
+    base = Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
+    return base / (host or hostname())
+
+
+def check_key(key: str) -> str:
+    """A resource key names files: letters, digits and ``._+-``, at most 120 characters."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise ValueError(f"invalid worker key {key!r}: use letters, digits and '._+-' "
+                         "(starting with a letter or digit, at most 120 characters)")
+    return key
+
+
+def make_key(*parts: str) -> str:
+    """Join parts (e.g. model key, quantization, short config hash) into a valid key."""
+    cleaned = [re.sub(r"[^A-Za-z0-9._+-]", "_", str(p)) for p in parts if str(p)]
+    return check_key(".".join(cleaned)[:120])
+
+
+def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
+    """A cheap fingerprint of the installed ``safetyrepro`` sources (path, size and mtime of
+    every .py file). A worker started before the code changed is replaced, so a shard is
+    never computed by stale code under a new code version."""
+    root = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    stack = [root]
+    entries = []
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False) and e.name != "__pycache__":
+                        stack.append(Path(e.path))
+                    elif e.name.endswith(".py"):
+                        st = e.stat()
+                        entries.append(f"{e.path}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            continue
+    for line in sorted(entries):
+        h.update(line.encode("utf-8", "surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def spec_hash(loader: str, loader_args: dict[str, Any], stamp: str | None = None) -> str:
+    """Identity of the state a worker holds: what it loads, with which arguments, by which
+    code (``stamp``, default :func:`code_stamp`)."""
+    blob = json.dumps({"loader": loader, "loader_args": loader_args,
+                       "code": stamp if stamp is not None else code_stamp()}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+class WorkerPaths:
+    """File names for one resource key in one state directory."""
+
+    def __init__(self, state_dir: str | os.PathLike, key: str):
+        self.state_dir = Path(state_dir).absolute()
+        self.key = check_key(key)
+        d = self.state_dir
+        self.pid = d / f"{key}.pid"
+        self.key_lock = d / f"{key}.lock"
+        self.log = d / f"{key}.log"
+        self.start_lock = d / "start.lock"
+        self.events = d / EVENTS_FILE
+        self.sock = socket_path(d, key)
+
+    def device_lock(self, slot: int) -> Path:
+        return self.state_dir / ("device.lock" if slot == 0 else f"device.{slot}.lock")
+
+    def ensure_dir(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+
+
+def socket_path(state_dir: Path, key: str) -> Path:
+    """``<state_dir>/<key>.sock``, or ``/tmp/safetyrepro-<uid>/<hash>.sock`` when that is too
+    long for AF_UNIX. The hash covers the full intended path, so every process computes the
+    same name; the worker records the one it uses in its pid file."""
+    wanted = Path(state_dir) / f"{key}.sock"
+    if len(os.fsencode(str(wanted))) <= MAX_SOCKET_PATH:
+        return wanted
+    digest = hashlib.sha256(os.fsencode(str(wanted))).hexdigest()[:20]
+    return short_socket_dir() / f"{digest}.sock"
+
+
+def short_socket_dir() -> Path:
+    d = Path(tempfile.gettempdir()) / f"safetyrepro-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    if len(os.fsencode(str(d))) > MAX_SOCKET_PATH - 30:
+        d = Path("/tmp") / f"safetyrepro-{os.getuid()}"
+        d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+# ---- locks ------------------------------------------------------------------------------
+
+class FileLock:
+    """An exclusive ``flock`` on a file. Released when released, or when the process dies
+    (the descriptor is close-on-exec, so child processes do not inherit it)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self, timeout: float | None = None, poll: float = 0.05) -> bool:
+        """Block until acquired (``timeout=None``), or give up after ``timeout`` seconds
+        (``0`` = one try). Returns whether the lock is held."""
+        if self._fd is not None:
+            return True
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return True
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise WorkerError(f"cannot lock {self.path}: {exc}; worker state needs a "
+                                      f"filesystem with flock (set {STATE_DIR_ENV} to a local "
+                                      "directory)") from exc
+            if deadline is not None and time.monotonic() >= deadline:
+                os.close(fd)
+                return False
+            time.sleep(poll)
+
+    def write_holder(self, info: dict[str, Any]) -> None:
+        """Record who holds the lock inside the lock file (for status and error messages)."""
+        if self._fd is None:
+            raise RuntimeError(f"{self.path}: lock not held")
+        data = json.dumps(info, sort_keys=True).encode("utf-8")
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> "FileLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_is_held(path: str | os.PathLike) -> bool:
+    """Whether some process holds the flock on ``path`` (tries it without waiting)."""
+    probe = FileLock(path)
+    if not Path(path).exists():
+        return False
+    if probe.acquire(timeout=0):
+        probe.release()
+        return False
+    return True
+
+
+def read_holder(path: str | os.PathLike) -> dict[str, Any] | None:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        return json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+
+
+# ---- pid files and processes --------------------------------------------------------------
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def is_worker_process(pid: int, key: str | None = None) -> bool:
+    """Whether ``pid`` is a live worker process (for ``key`` if given), not an unrelated
+    process that reused a dead worker's pid. Without /proc, only liveness is checked."""
+    if not pid_alive(pid):
+        return False
+    if not Path("/proc/self").exists():
+        return True
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False              # exited meanwhile
+    except OSError:
+        return True
+    if b"safetyrepro.worker" not in argv and not any(a.endswith(b"safetyrepro") for a in argv):
+        return False
+    return key is None or key.encode() in argv
+
+
+def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_pid_file(path: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or not isinstance(info.get("pid"), int):
+        return None
+    return info
+
+
+def remove_if_owned(path: Path, pid: int) -> bool:
+    """Remove the pid file ``path`` if it still names ``pid`` (a successor may own it now)."""
+    info = read_pid_file(path)
+    if info is not None and info.get("pid") == pid:
+        try:
+            path.unlink()
+            return True
+        except FileNotFoundError:
+            return False
+    return False
+
+
+def list_pid_files(state_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The pid files of a state dir, each as its JSON plus ``path`` and ``alive``."""
+    out = []
+    d = Path(state_dir)
+    if not d.is_dir():
+        return out
+    for p in sorted(d.glob("*.pid")):
+        info = read_pid_file(p)
+        if info is None:
+            continue
+        info["path"] = str(p)
+        info["alive"] = is_worker_process(info["pid"], info.get("key"))
+        out.append(info)
+    return out
+
+
+def log_tail(path: str | os.PathLike, lines: int = 30, max_chars: int = 4000) -> str:
+    """The last lines of a worker log, for error messages."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    tail = "\n".join(text.rstrip("\n").splitlines()[-lines:])
+    if len(tail) > max_chars:
+        tail = "..." + tail[-max_chars:]
+    return tail or "(log is empty)"

@@ -1,0 +1,459 @@
+"""The persistent worker: real worker processes, real sockets and locks, a tiny real loader
+(tests/worker_targets.py, put on the workers' PYTHONPATH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from safetyrepro.errors import CellError, ModelError, SafetyReproError
+from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError, format_summary,
+                                make_key, run_in_worker, stop_workers, summarize_events,
+                                worker_status)
+from safetyrepro.worker.events import read_events
+from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, code_stamp,
+                                      default_state_dir, lock_is_held, pid_alive, read_pid_file,
+                                      spec_hash)
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
+ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
+LOADER = "worker_targets:load"
+LOAD_DELAY = 0.2
+
+
+def call(state_dir, key, target, kwargs=None, *, tag=None, load_delay=LOAD_DELAY, **kw):
+    kw.setdefault("idle_timeout", 30)
+    return run_in_worker(state_dir, key, LOADER, {"tag": tag or key, "delay": load_delay},
+                         f"worker_targets:{target}", kwargs or {}, env=ENV, **kw)
+
+
+def events(state_dir, kind=None):
+    evs, skipped = read_events(Path(state_dir) / "events.jsonl")
+    assert skipped == 0
+    return [e for e in evs if kind is None or e["event"] == kind]
+
+
+def wait_until(pred, timeout=10.0, step=0.02):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def live_worker_pids(state_dir):
+    return sorted(r["pid"] for r in worker_status(state_dir) if r.get("alive"))
+
+
+@pytest.fixture
+def sd(tmp_path):
+    d = tmp_path / "w"
+    yield d
+    stop_workers(d, timeout=5)
+
+
+CLIENT_SCRIPT = """
+import json, sys
+from safetyrepro.worker import run_in_worker
+state_dir, env_path = sys.argv[1], sys.argv[2]
+env = json.load(open(env_path))
+out = []
+for key, target, kwargs in json.loads(sys.argv[3]):
+    out.append(run_in_worker(state_dir, key, "worker_targets:load", {"tag": key, "delay": 0.2},
+                             "worker_targets:" + target, kwargs, env=env, idle_timeout=30))
+print(json.dumps(out))
+"""
+
+
+def start_client(tmp_path, state_dir, calls):
+    env_path = tmp_path / "env.json"
+    env_path.write_text(json.dumps(ENV))
+    return subprocess.Popen([sys.executable, "-c", CLIENT_SCRIPT, str(state_dir), str(env_path),
+                             json.dumps(calls)], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish_client(proc, timeout=60):
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+# ---- reuse, errors, crashes -------------------------------------------------------------
+
+def test_second_call_reuses_the_worker(sd):
+    r1 = call(sd, "m1", "echo", {"value": 1}, label="cell-1")
+    r2 = call(sd, "m1", "echo", {"value": [2, "x"]}, label="cell-2")
+    assert r1["value"] == 1 and r2["value"] == [2, "x"]
+    assert r1["pid"] == r2["pid"] != os.getpid()
+    assert (r1["calls"], r2["calls"]) == (1, 2)          # the same state object
+    assert len(events(sd, "load")) == 1
+    assert [e["label"] for e in events(sd, "call")] == ["cell-1", "cell-2"]
+    info = read_pid_file(WorkerPaths(sd, "m1").pid)
+    assert info["pid"] == r1["pid"] and Path(info["sock"]).exists()
+
+
+def test_exception_is_reported_and_worker_keeps_serving(sd):
+    pid = call(sd, "m1", "echo")["pid"]
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "fail", {"message": "item bbq/Age/3 broke"}, label="cell-9")
+    err = ei.value
+    assert isinstance(err, CellError)
+    assert err.error_type == "ValueError" and err.remote_message == "item bbq/Age/3 broke"
+    assert "cell-9" in str(err) and "item bbq/Age/3 broke" in str(err) and not err.fatal
+    assert "worker_targets.py" in err.remote_traceback
+    with pytest.raises(WorkerCallError, match="not JSON-serializable"):
+        call(sd, "m1", "not_json")
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "no_such_target")
+    assert ei.value.error_type == "AttributeError"
+    assert call(sd, "m1", "echo")["pid"] == pid
+    oks = [e["ok"] for e in events(sd, "call")]
+    assert oks == [True, False, False, False, True]
+    assert len(events(sd, "load")) == 1
+
+
+def test_crash_fails_the_call_clearly_and_the_rerun_recovers(sd):
+    pid1 = call(sd, "m1", "echo")["pid"]
+    with pytest.raises(WorkerCrashed) as ei:
+        call(sd, "m1", "crash", label="cell qwen/bbq/T1-greedy-k0-freeform")
+    msg = str(ei.value)
+    assert isinstance(ei.value, CellError)
+    assert "worker for m1" in msg and "died" in msg and f"pid {pid1}" in msg
+    assert "cell qwen/bbq/T1-greedy-k0-freeform" in msg
+    assert "call worker_targets:crash" in msg                       # the log tail is quoted
+    assert wait_until(lambda: not pid_alive(pid1), 5)
+    paths = WorkerPaths(sd, "m1")
+    assert not paths.pid.exists() and not paths.sock.exists()       # stale files cleaned
+    r = call(sd, "m1", "echo", {"value": "again"})
+    assert r["value"] == "again" and r["pid"] != pid1 and r["calls"] == 1
+    assert len(events(sd, "load")) == 2
+
+
+def test_killed_idle_worker_is_replaced(sd):
+    pid1 = call(sd, "m1", "echo")["pid"]
+    os.kill(pid1, signal.SIGKILL)
+    assert wait_until(lambda: not pid_alive(pid1), 5)
+    assert WorkerPaths(sd, "m1").sock.exists()                      # stale socket left behind
+    r = call(sd, "m1", "echo")
+    assert r["pid"] != pid1
+
+
+def test_fatal_error_answers_then_worker_exits(sd):
+    pid1 = call(sd, "m1", "echo")["pid"]
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "fail_fatal")
+    assert ei.value.fatal and "fresh one" in str(ei.value)
+    assert wait_until(lambda: not pid_alive(pid1), 5)
+    assert call(sd, "m1", "echo")["pid"] != pid1
+
+
+def test_load_failure_is_a_model_error_and_the_worker_exits(sd):
+    with pytest.raises(WorkerLoadError) as ei:
+        run_in_worker(sd, "bad", LOADER, {"tag": "bad", "delay": 0.05, "fail": True},
+                      "worker_targets:echo", {}, env=ENV)
+    assert isinstance(ei.value, ModelError)
+    assert "weights missing" in str(ei.value) and "loading bad" in str(ei.value)
+    loads = events(sd, "load")
+    assert len(loads) == 1 and loads[0]["ok"] is False
+    assert wait_until(lambda: not live_worker_pids(sd), 5)
+
+
+# ---- lifetime -------------------------------------------------------------------------------
+
+def test_idle_timeout_exits_and_cleans_up(sd):
+    pid = call(sd, "m1", "echo", idle_timeout=0.5)["pid"]
+    paths = WorkerPaths(sd, "m1")
+    assert wait_until(lambda: not pid_alive(pid), 10)
+    assert not paths.pid.exists() and not paths.sock.exists()
+    assert not lock_is_held(paths.key_lock) and not lock_is_held(paths.device_lock(0))
+    (ex,) = events(sd, "exit")
+    assert ex["pid"] == pid and ex["reason"].startswith("idle") and ex["n_calls"] == 1
+
+
+def test_stop_and_sigterm_drain_queued_calls(sd):
+    pid = call(sd, "m1", "echo")["pid"]
+    results = {}
+
+    def run(name, target, kwargs):
+        results[name] = call(sd, "m1", target, kwargs)
+
+    t1 = threading.Thread(target=run, args=("slow", "sleep", {"seconds": 0.6}))
+    t1.start()
+    assert wait_until(lambda: len(events(sd, "call")) >= 1 and
+                      "call worker_targets:sleep" in WorkerPaths(sd, "m1").log.read_text(), 5)
+    t2 = threading.Thread(target=run, args=("queued", "echo", {"value": 5}))
+    t2.start()
+    assert wait_until(lambda: worker_status(sd)[0].get("queued") == 1, 5)   # behind the slow call
+    rows = stop_workers(sd, timeout=10)
+    t1.join(10)
+    t2.join(10)
+    assert rows == [{"key": "m1", "pid": pid, "outcome": "stopped"}]
+    assert results["slow"] == pid and results["queued"]["pid"] == pid   # both were served
+    assert events(sd, "exit")[-1]["reason"] == "stop requested"
+    # SIGTERM is a graceful stop too
+    pid2 = call(sd, "m1", "echo")["pid"]
+    os.kill(pid2, signal.SIGTERM)
+    assert wait_until(lambda: not pid_alive(pid2), 5)
+    assert events(sd, "exit")[-1]["reason"] == f"signal {int(signal.SIGTERM)}"
+
+
+def test_worker_survives_its_client_being_killed(sd, tmp_path):
+    pid = call(sd, "m1", "echo")["pid"]
+    proc = start_client(tmp_path, sd, [["m1", "sleep", {"seconds": 0.8}]])
+    assert wait_until(lambda: "call worker_targets:sleep" in WorkerPaths(sd, "m1").log.read_text(), 10)
+    proc.kill()
+    proc.wait()
+    r = call(sd, "m1", "echo")
+    assert r["pid"] == pid and r["calls"] == 3                       # sleep ran to its end
+    assert len(events(sd, "load")) == 1
+
+
+# ---- exclusivity ------------------------------------------------------------------------
+
+def test_other_key_shuts_down_the_first_worker(sd):
+    pa = call(sd, "ma", "echo")["pid"]
+    rb = call(sd, "mb", "echo")
+    pb = rb["pid"]
+    assert rb["tag"] == "mb" and pb != pa
+    assert wait_until(lambda: not pid_alive(pa), 2)
+    assert live_worker_pids(sd) == [pb]
+    exit_a = next(e for e in events(sd, "exit") if e["pid"] == pa)
+    dev_b = next(e for e in events(sd, "device") if e["pid"] == pb)
+    assert exit_a["reason"] == "device needed for mb"
+    assert dev_b["t"] >= exit_a["t"]                  # B took the device only after A left
+    pa2 = call(sd, "ma", "echo")["pid"]
+    assert pa2 not in (pa, pb) and live_worker_pids(sd) == [pa2]
+
+
+def _device_flock_holders(lock_path: Path) -> int:
+    try:
+        ino = os.stat(lock_path).st_ino
+    except FileNotFoundError:
+        return 0
+    n = 0
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if "->" not in line and len(f) >= 6 and f[1] == "FLOCK" and f[5].endswith(f":{ino}"):
+            n += 1
+    return n
+
+
+def test_device_lock_is_never_held_by_two_under_concurrent_clients(sd, tmp_path):
+    call(sd, "ma", "echo")                                  # creates device.lock
+    dev = WorkerPaths(sd, "ma").device_lock(0)
+    assert _device_flock_holders(dev) == 1                  # the probe sees a real holder
+    samples, stop = [], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            samples.append(_device_flock_holders(dev))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    plans = [[["ma", "sleep", {"seconds": 0.05}], ["mb", "echo", {}], ["mc", "echo", {}]],
+             [["mb", "echo", {}], ["mc", "sleep", {"seconds": 0.05}], ["ma", "echo", {}]],
+             [["mc", "echo", {}], ["ma", "echo", {}], ["mb", "sleep", {"seconds": 0.05}]]]
+    procs = [start_client(tmp_path, sd, plan) for plan in plans]
+    outs = [finish_client(p) for p in procs]
+    stop.set()
+    sampler.join()
+    assert all(len(o) == 3 for o in outs)
+    assert max(samples) == 1 and len(samples) > 50
+    # From the events: device hold intervals [device acquired, exit] never overlap.
+    held = {}
+    for e in events(sd):
+        if e["event"] == "device":
+            held[e["pid"]] = [e["t"], None]
+        elif e["event"] == "exit" and e["pid"] in held:
+            held[e["pid"]][1] = e["t"]
+    intervals = sorted((a, b if b is not None else float("inf")) for a, b in held.values())
+    assert len(intervals) >= 3
+    for (a1, b1), (a2, _) in zip(intervals, intervals[1:]):
+        assert b1 <= a2, intervals
+    assert len(live_worker_pids(sd)) <= 1
+    # Nobody waited for an idle holder that was never asked to leave.
+    assert max(e["waited_s"] for e in events(sd, "device")) < 5
+
+
+def test_concurrent_clients_for_one_key_start_one_worker(sd, tmp_path):
+    procs = [start_client(tmp_path, sd, [["m1", "echo", {"value": i}]]) for i in range(3)]
+    outs = [finish_client(p)[0] for p in procs]
+    assert len({o["pid"] for o in outs}) == 1
+    assert sorted(o["calls"] for o in outs) == [1, 2, 3]
+    assert len(events(sd, "load")) == 1 and len(events(sd, "start")) == 1
+
+
+def test_two_device_slots_allow_two_workers(sd):
+    pa = call(sd, "ma", "echo", max_workers=2)["pid"]
+    pb = call(sd, "mb", "echo", max_workers=2)["pid"]
+    assert pid_alive(pa) and pid_alive(pb) and live_worker_pids(sd) == sorted([pa, pb])
+    assert sorted(e["slot"] for e in events(sd, "device")) == [0, 1]
+    call(sd, "mb", "echo", max_workers=2)                      # mb is now the less idle one
+    pc = call(sd, "mc", "echo", max_workers=2)["pid"]
+    assert wait_until(lambda: not pid_alive(pa), 5)            # the most idle one made room
+    assert live_worker_pids(sd) == sorted([pb, pc])
+
+
+def test_changed_loader_args_replace_the_worker(sd):
+    r1 = call(sd, "m1", "echo", tag="first")
+    r2 = call(sd, "m1", "echo", tag="second")
+    assert (r1["tag"], r2["tag"]) == ("first", "second") and r1["pid"] != r2["pid"]
+    assert wait_until(lambda: not pid_alive(r1["pid"]), 5)
+
+
+def test_code_stamp_tracks_source_edits(tmp_path):
+    # A worker's spec covers the code stamp, so edited sources replace the worker the same
+    # way changed loader arguments do (test above). Checked on a copy, not the live tree.
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "a.py").write_text("x = 1\n")
+    (pkg / "sub" / "b.py").write_text("y = 2\n")
+    (pkg / "notes.txt").write_text("not code")
+    s1 = code_stamp(pkg)
+    assert code_stamp(pkg) == s1
+    (pkg / "notes.txt").write_text("still not code")
+    assert code_stamp(pkg) == s1
+    st = os.stat(pkg / "sub" / "b.py")
+    os.utime(pkg / "sub" / "b.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    s2 = code_stamp(pkg)
+    assert s2 != s1
+    (pkg / "c.py").write_text("")
+    assert code_stamp(pkg) not in (s1, s2)
+    assert spec_hash(LOADER, {"a": 1}, stamp=s1) != spec_hash(LOADER, {"a": 1}, stamp=s2)
+    assert spec_hash(LOADER, {"a": 1}, stamp=s1) == spec_hash(LOADER, {"a": 1}, stamp=s1)
+
+
+def test_long_state_dir_uses_a_short_socket_path(tmp_path):
+    d = tmp_path / ("x" * 60) / ("y" * 60)
+    try:
+        r = call(d, "m1", "echo")
+        info = read_pid_file(WorkerPaths(d, "m1").pid)
+        assert len(str(d / "m1.sock")) > MAX_SOCKET_PATH
+        assert len(info["sock"]) <= MAX_SOCKET_PATH and Path(info["sock"]).exists()
+        assert call(d, "m1", "echo")["pid"] == r["pid"]
+    finally:
+        stop_workers(d, timeout=5)
+
+
+def test_keys_are_validated(sd):
+    with pytest.raises(ValueError, match="invalid worker key"):
+        call(sd, "../evil", "echo")
+    assert make_key("qwen2.5-0.5b", "nf4", "3f2a/9") == "qwen2.5-0.5b.nf4.3f2a_9"
+    assert default_state_dir("/r", host="node7") in (Path("/r/.workers/node7"),
+                                                     Path(os.environ.get("SAFETYREPRO_WORKER_DIR", "/")) / "node7")
+
+
+# ---- events and summary ---------------------------------------------------------------------
+
+def test_summary_of_a_real_run_counts_loads(sd):
+    call(sd, "ma", "echo")
+    call(sd, "ma", "echo")
+    call(sd, "mb", "sleep", {"seconds": 0.3})
+    call(sd, "ma", "echo")
+    s = summarize_events(sd / "events.jsonl")
+    assert s["keys"]["ma"]["loads"] == 2 and s["keys"]["mb"]["loads"] == 1
+    assert s["keys"]["ma"]["calls"] == 3 and s["keys"]["mb"]["calls"] == 1
+    assert s["loads"] == 3 and s["max_loads_per_key"] == 2
+    assert 3 * LOAD_DELAY <= s["load_seconds"] < 3 * LOAD_DELAY + 1.0
+    assert s["keys"]["mb"]["call_seconds"] >= 0.3
+    assert 0 < s["load_share"] < 1 and s["wall_seconds"] >= s["load_seconds"] + 0.3
+    assert "model loads: 3 (max 2 per key)" in format_summary(s)
+
+
+def test_summary_arithmetic_on_written_events(tmp_path):
+    path = tmp_path / "events.jsonl"
+    recs = [
+        {"event": "load", "key": "old", "pid": 1, "t_start": 50.0, "t": 60.0, "seconds": 10.0, "ok": True},
+        {"event": "start", "key": "a", "pid": 2, "t": 100.0},
+        {"event": "load", "key": "a", "pid": 2, "t_start": 100.0, "t": 104.0, "seconds": 4.0, "ok": True},
+        {"event": "call", "key": "a", "pid": 2, "t_start": 104.0, "t": 150.0, "seconds": 46.0, "ok": True},
+        {"event": "load", "key": "b", "pid": 3, "t_start": 150.0, "t": 151.0, "seconds": 1.0, "ok": False},
+        {"event": "load", "key": "b", "pid": 4, "t_start": 160.0, "t": 166.0, "seconds": 6.0, "ok": True},
+        {"event": "call", "key": "b", "pid": 4, "t_start": 166.0, "t": 200.0, "seconds": 34.0, "ok": False},
+        {"event": "exit", "key": "b", "pid": 4, "t": 200.0, "reason": "idle"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{\"event\": \"call\", \"key\n")
+    s = summarize_events(path, since=100.0)
+    assert s["skipped_lines"] == 1 and "old" not in s["keys"]
+    assert s["keys"]["a"] == {"loads": 1, "failed_loads": 0, "load_seconds": 4.0, "calls": 1,
+                              "failed_calls": 0, "call_seconds": 46.0, "device_wait_seconds": 0.0,
+                              "workers": 1, "exits": {}}
+    assert s["keys"]["b"]["loads"] == 1 and s["keys"]["b"]["failed_loads"] == 1
+    assert s["keys"]["b"]["load_seconds"] == 7.0 and s["keys"]["b"]["workers"] == 2
+    assert s["keys"]["b"]["exits"] == {"idle": 1} and s["keys"]["b"]["failed_calls"] == 1
+    assert s["wall_seconds"] == 100.0 and s["load_share"] == pytest.approx(0.11)
+    assert summarize_events(path, since=100.0, wall_seconds=220.0)["load_share"] == pytest.approx(0.05)
+    assert summarize_events(path)["loads"] == 3
+    assert summarize_events(tmp_path / "missing.jsonl")["loads"] == 0
+
+
+# ---- light client, CLI ------------------------------------------------------------------
+
+def test_client_import_does_not_pull_heavy_modules():
+    code = ("import sys, safetyrepro.worker, safetyrepro.worker.client; "
+            "heavy = {'torch', 'transformers', 'numpy', 'pyarrow', 'pandas', 'typer', 'yaml'}; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))")
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_cli_worker_group(sd):
+    import typer
+    from typer.testing import CliRunner
+
+    from safetyrepro.worker.cli import register
+
+    app = typer.Typer()
+    register(app)
+
+    @app.command()
+    def version() -> None:  # a second command so that "worker" stays a sub-command
+        pass
+
+    pid = call(sd, "m1", "echo")["pid"]
+    runner = CliRunner()
+    res = runner.invoke(app, ["worker", "status", "--state-dir", str(sd)])
+    assert res.exit_code == 0 and f"m1\tpid {pid}\tready" in res.output
+    res = runner.invoke(app, ["worker", "events-summary", "--events", str(sd / "events.jsonl"), "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["keys"]["m1"]["loads"] == 1
+    res = runner.invoke(app, ["worker", "stop", "--state-dir", str(sd), "--all"])
+    assert res.exit_code == 0 and f"m1\tpid {pid}\tstopped" in res.output
+    assert not pid_alive(pid)
+    assert issubclass(WorkerCrashed, SafetyReproError)
+
+
+def test_stop_kills_a_stuck_worker_and_ignores_foreign_pids(sd):
+    pid = call(sd, "m1", "echo")["pid"]
+    caught = []
+
+    def stuck():
+        try:
+            call(sd, "m1", "sleep", {"seconds": 5}, label="cell-stuck")
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            caught.append(exc)
+
+    t = threading.Thread(target=stuck)
+    t.start()
+    assert wait_until(lambda: worker_status(sd)[0].get("busy"), 5)
+    # A pid file naming a live process that is not a worker (pid reuse) must not be signalled.
+    ghost = WorkerPaths(sd, "ghost").pid
+    ghost.write_text(json.dumps({"pid": os.getpid(), "key": "ghost"}))
+    rows = {r["key"]: r for r in stop_workers(sd, timeout=0.3)}
+    t.join(10)
+    assert rows["m1"] == {"key": "m1", "pid": pid, "outcome": "killed"}
+    assert rows["ghost"]["outcome"] == "stale" and not ghost.exists()
+    assert len(caught) == 1 and isinstance(caught[0], WorkerCrashed)
+    assert "cell-stuck" in str(caught[0])

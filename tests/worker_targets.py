@@ -1,0 +1,44 @@
+"""Tiny real loader and call targets for tests/test_worker.py (imported by worker processes,
+which get this folder on PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def load(tag: str = "model", delay: float = 0.2, fail: bool = False) -> dict:
+    """Stands in for model loading: takes ``delay`` seconds, returns a mutable state."""
+    time.sleep(delay)
+    if fail:
+        raise RuntimeError(f"cannot load {tag}: weights missing")
+    return {"tag": tag, "pid": os.getpid(), "calls": 0}
+
+
+def echo(state: dict, value=None) -> dict:
+    state["calls"] += 1
+    return {"value": value, "tag": state["tag"], "pid": os.getpid(), "calls": state["calls"]}
+
+
+def sleep(state: dict, seconds: float) -> int:
+    time.sleep(seconds)
+    state["calls"] += 1
+    return os.getpid()
+
+
+def fail(state: dict, message: str) -> None:
+    raise ValueError(message)
+
+
+def fail_fatal(state: dict) -> None:
+    exc = RuntimeError("accelerator is in a bad state")
+    exc.worker_fatal = True
+    raise exc
+
+
+def crash(state: dict) -> None:
+    os._exit(1)
+
+
+def not_json(state: dict) -> object:
+    return {"x": object()}
