@@ -4,34 +4,31 @@ Imported by every Snakemake cell job, so it must stay light (no torch, no pandas
 
 from __future__ import annotations
 
-import socket
-
 from .config import load_config
 from .hashing import canonical_hash
 
 
 def worker_key(cfg, model: str, quantization: str) -> str:
     """One worker per (model, quantization, model source): a changed source loads afresh."""
-    src = canonical_hash(cfg.model(model)["source"])[:8]
-    return f"{model}.{quantization}.{src}"
+    from .worker.state import make_key
 
-
-def state_dir(cfg):
-    return cfg.results_dir / ".workers" / socket.gethostname().split(".")[0]
+    return make_key(model, quantization, canonical_hash(cfg.model(model)["source"])[:12])
 
 
 def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
                         quantization: str | None = None) -> dict:
     from .worker.client import run_in_worker
+    from .worker.state import default_state_dir
 
     cfg = load_config(config)
     quant = quantization or cfg.model(model).get("quantization", "nf4")
     return run_in_worker(
-        state_dir(cfg), worker_key(cfg, model, quant),
-        loader="safetyrepro.cells:load_for_worker",
-        loader_args={"config": config, "model": model, "quantization": quant},
-        target="safetyrepro.cells:run_cell_in_worker",
-        kwargs={"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
-                "out": out, "quantization": quant},
+        default_state_dir(cfg.results_dir), worker_key(cfg, model, quant),
+        "safetyrepro.cells:load_for_worker",
+        {"config": config, "model": model, "quantization": quant},
+        "safetyrepro.cells:run_cell_in_worker",
+        {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
+         "out": out, "quantization": quant},
         idle_timeout=cfg.section("runtime").get("worker_idle_timeout_s", 120),
+        label=f"{model}/{benchmark}/{cell}/s{seed} ({quant})",
     )
