@@ -4,10 +4,8 @@
 #
 #   snakemake --cores 1 --resources gpu=1 --configfile config/config.yaml --profile profiles/default
 #   snakemake --profile profiles/slurm --configfile config/paper.yaml
-
-
-configfile: "config/config.yaml"
-
+# The config file is --configfile (default: config/config.yaml, see common.smk); it is
+# validated against config/schema/config.schema.json before any job starts.
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"

@@ -136,6 +136,32 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
     return cells, items_df, meta
 
 
+def provenance_records(plan, metas: dict[str, dict]) -> dict:
+    """{model: {benchmark: record}} for the GRID cards, gathered from the shards' metadata."""
+    from .provenance import code_version_string
+    from .tasks import load_task
+
+    out: dict = {}
+    for m in metas.values():
+        model, b = m["model"], m["benchmark"]
+        rec = out.setdefault(model, {}).setdefault(b, {
+            "model_id": plan.cfg.model(model).get("display_name", model),
+            "weights_hash": m["model_info"].get("weights_hash", ""),
+            "quantization": m["quantization"], "device": m.get("device") or "",
+            "template_hashes": {}, "parser_version": load_task(b).parser_version,
+            "subset_hash": m["subset_hash"], "item_ids_path": str(plan.items_path(b)),
+            "code_versions": set(),
+        })
+        rec["template_hashes"][m["template"]] = m["template_hash"]
+        cv = m.get("code_version", {})
+        rec["code_versions"].add(f"{cv.get('package_version')}+{str(cv.get('git_commit'))[:12]}"
+                                 f".src{str(cv.get('source_sha256'))[:12]}")
+    for per_b in out.values():
+        for rec in per_b.values():
+            rec["code_version"] = ", ".join(sorted(rec.pop("code_versions")))
+    return out
+
+
 def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     cells, items_df, meta = aggregate(plan, variant)
@@ -149,4 +175,9 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
         atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
         paths["item_results"] = out_dir / "item_results.parquet"
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
+        from .cells import read_shard
+
+        metas = {p: read_shard(p)[1] for p in meta["shard_fingerprints"]}
+        paths["provenance"] = out_dir / "provenance.json"
+        atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

@@ -42,7 +42,7 @@ def source_hash(*rel_paths: str, exclude: tuple[str, ...] = ()) -> str:
     return h.hexdigest()
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity (lru_cache on methods)
 class Plan:
     cfg: RunConfig
 

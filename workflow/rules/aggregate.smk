@@ -9,6 +9,7 @@ rule aggregate:
         cell_scores=f"{RESULTS}/tables/cell_scores.parquet",
         cell_scores_csv=f"{RESULTS}/tables/cell_scores.csv",
         item_results=f"{RESULTS}/tables/item_results.parquet",
+        provenance=f"{RESULTS}/tables/provenance.json",
     params:
         scoring=PLAN.scoring_code,
     log:

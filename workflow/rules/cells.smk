@@ -9,7 +9,7 @@ for _rank, _model in enumerate(RUN.models):
         name:
             f"cell_{_model}"
         input:
-            unpack(cell_inputs),
+            unpack(cell_inputs(_model)),
         output:
             f"{RESULTS}/shards/{_model}/{{benchmark}}/{{config}}/s{{seed}}.parquet",
         params:
@@ -27,7 +27,7 @@ for _rank, _model in enumerate(RUN.models):
         name:
             f"cell_bf16_{_model}"
         input:
-            unpack(cell_inputs),
+            unpack(cell_inputs(_model)),
         output:
             f"{RESULTS}/shards_bf16/{_model}/{{benchmark}}/{{config}}/s{{seed}}.parquet",
         params:

@@ -1,16 +1,19 @@
 # Shared set-up: validate the config against config/schema, build the plan, and define the
 # input functions and wildcard constraints every other rule file uses.
 import sys
+import time
 from pathlib import Path
 
 from safetyrepro.config import config_from_dict, load_config
 from safetyrepro.errors import SafetyReproError
 from safetyrepro.plan import Plan
 
-CONFIG_PATH = str(Path(workflow.configfiles[-1]).resolve())
+if len(workflow.configfiles) > 1:
+    sys.exit("error: pass exactly one --configfile (jobs read that one file)")
+CONFIG_PATH = str(Path(workflow.configfiles[0] if workflow.configfiles else "config/config.yaml").resolve())
 try:
-    RUN = config_from_dict(config, CONFIG_PATH)
-    if RUN.data != load_config(CONFIG_PATH).data:
+    RUN = load_config(CONFIG_PATH)
+    if config and config_from_dict(config, CONFIG_PATH).data != RUN.data:
         raise SafetyReproError(
             f"{CONFIG_PATH}: --config overrides are not supported; every job reads the config "
             "file, so write the change into a config file and pass it with --configfile"
@@ -19,6 +22,7 @@ except SafetyReproError as exc:
     sys.exit(f"error: {exc}")
 
 PLAN = Plan(RUN)
+RUN_T0 = time.time()
 RESULTS = str(PLAN.results)
 SR = f'"{sys.executable}" -m safetyrepro'  # the package CLI, in this interpreter's env
 
@@ -39,12 +43,17 @@ def all_targets():
     return targets
 
 
-def cell_inputs(wildcards):
-    return {
-        "items": str(PLAN.items_path(wildcards.benchmark)),
-        "fewshot": str(PLAN.fewshot_path(wildcards.benchmark)),
-        "model": str(PLAN.model_marker(wildcards.model)),
-    }
+def cell_inputs(model):
+    """An input function for one model's cell rule: item subset, few-shot pool, prepared model."""
+
+    def inputs(wildcards):
+        return {
+            "subset": str(PLAN.items_path(wildcards.benchmark)),
+            "fewshot": str(PLAN.fewshot_path(wildcards.benchmark)),
+            "model": str(PLAN.model_marker(model)),
+        }
+
+    return inputs
 
 
 def cell_fingerprint(model, variant):
@@ -54,3 +63,15 @@ def cell_fingerprint(model, variant):
         return PLAN.cell_fingerprint(model, wildcards.benchmark, wildcards.config, int(wildcards.seed), variant)
 
     return fingerprint
+
+
+onsuccess:
+    from safetyrepro.run_summary import finish_run
+
+    finish_run(RESULTS, RUN_T0, ok=True)
+
+
+onerror:
+    from safetyrepro.run_summary import finish_run
+
+    finish_run(RESULTS, RUN_T0, ok=False)

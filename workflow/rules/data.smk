@@ -3,7 +3,7 @@
 
 rule items:
     output:
-        items=f"{RESULTS}/items/{{benchmark}}.parquet",
+        subset=f"{RESULTS}/items/{{benchmark}}.parquet",
         fewshot=f"{RESULTS}/items/{{benchmark}}.fewshot.parquet",
     params:
         fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
