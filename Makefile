@@ -9,7 +9,7 @@ CONFIG   ?= config/config.yaml
 # present) pip's default CUDA build is used; a torch already in the venv is kept as it is.
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: install run test dryrun lint clean-results
+.PHONY: install run test test-slurm dryrun lint clean-results
 
 install: $(STAMP)
 
@@ -26,8 +26,14 @@ run: $(STAMP)
 dryrun: $(STAMP)
 	$(VENV)/bin/snakemake -n --cores $(CORES) --resources gpu=1 --configfile $(CONFIG) --profile profiles/default
 
+# Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's second step).
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -m "not slurm"
+
+# Starts a single-node Slurm cluster on this machine (root; Debian/Ubuntu), runs the tests
+# marked slurm against it, and tears it down again. See docs/SLURM.md.
+test-slurm: $(STAMP)
+	PY=$(PY) .ci/slurm/test.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/snakemake --lint --configfile $(CONFIG)

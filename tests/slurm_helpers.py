@@ -1,0 +1,167 @@
+"""Run a Snakemake workflow through the repository's Slurm profile, and ask Slurm about its jobs.
+
+Used by the tests marked ``slurm``, which run only in the CI step that has started the
+single-node cluster with ``.ci/slurm/up.sh`` (and set ``SAFETYREPRO_SLURM=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROFILES = REPO_ROOT / "profiles"
+SLURM_PROFILE = PROFILES / "slurm"
+
+# The plugin's submission message, e.g.
+# "Job 1 has been submitted with SLURM jobid 2 (log: /w/.snakemake/slurm_logs/rule_cpu/2.log)."
+_SUBMITTED = re.compile(
+    r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: [^)]*/rule_([^/]+)/"
+)
+
+# A two-rule workflow: "gpu" consumes the output of "cpu", declares gpu=1 and its own memory;
+# "cpu" declares nothing and so gets the profile's default-resources. Each job records the
+# Slurm variables it saw (grep fails the job if not even SLURM_JOB_ID is set).
+SMOKE_SNAKEFILE = """\
+rule all:
+    input:
+        "out/cpu.txt",
+        "out/gpu.txt",
+
+
+rule cpu:
+    output:
+        "out/cpu.txt",
+    shell:
+        "env | grep -E '^(SLURM_JOB_ID|CUDA_VISIBLE_DEVICES|SLURM_STEP_GPUS)=' | sort > {output}"
+
+
+rule gpu:
+    input:
+        "out/cpu.txt",
+    output:
+        "out/gpu.txt",
+    resources:
+        gpu=1,
+        mem_mb=300,
+        runtime=5,
+    shell:
+        "env | grep -E '^(SLURM_JOB_ID|CUDA_VISIBLE_DEVICES|SLURM_STEP_GPUS)=' | sort > {output}"
+"""
+
+
+def write_smoke_workflow(directory: Path) -> Path:
+    """Write the two-rule smoke workflow into ``directory``; returns the Snakefile's path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    snakefile = directory / "Snakefile"
+    snakefile.write_text(SMOKE_SNAKEFILE)
+    return snakefile
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse the KEY=VALUE lines a smoke job wrote."""
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key: value for key, value in pairs}
+
+
+def profile_settings(profile: Path = SLURM_PROFILE) -> dict:
+    """The profile's config.yaml as a dict."""
+    return yaml.safe_load((profile / "config.yaml").read_text())
+
+
+@dataclass
+class WorkflowRun:
+    """Outcome of one Snakemake invocation."""
+
+    command: list[str]
+    returncode: int
+    output: str
+    # rule name -> Slurm job ids, in submission order, as the plugin reported them
+    submitted: dict[str, list[str]] = field(default_factory=dict)
+
+    def describe(self, tail_lines: int = 80) -> str:
+        tail = "\n".join(self.output.splitlines()[-tail_lines:])
+        return f"$ {' '.join(self.command)}\n(exit {self.returncode})\n{tail}"
+
+
+def _submission_env() -> dict[str, str]:
+    # Outside any allocation, with no GPU of its own: whatever Slurm variables or GPU
+    # visibility the jobs show must come from Slurm, not from this process (the plugin submits
+    # with --export=ALL).
+    drop = ("SLURM_", "SBATCH_", "SRUN_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def run_workflow(
+    workdir: Path,
+    configfile: Path | None = None,
+    extra_args: Sequence[str] = (),
+    *,
+    snakefile: Path | None = None,
+    profile: Path = SLURM_PROFILE,
+    timeout_s: int = 300,
+    status_check_s: int = 8,
+) -> WorkflowRun:
+    """Run Snakemake in ``workdir`` (its Snakefile, or ``snakefile``) through ``profile``.
+
+    The whole run is bounded by ``timeout -k 10 <timeout_s>`` (a stuck status poll must fail
+    CI, not hang it). ``status_check_s`` shortens the plugin's first status-check delay (40 s
+    by default; each check that finds no finished job adds 10 s) so small CI workflows finish
+    quickly: a trivial job takes ~5 s here (two Snakemake start-ups, sbatch and srun), so 8 s
+    usually catches it on the first check. It stays well under a third of Slurm's MinJobAge
+    (300 s), which squeue polling requires. Successful jobs' Slurm logs are kept under
+    ``workdir/.snakemake/slurm_logs`` for inspection.
+    """
+    command = [
+        # --foreground keeps timeout (and Snakemake) in pytest's process group, so stopping
+        # the CI step's pytest also stops this run (Snakemake then cancels its Slurm jobs).
+        "timeout", "--foreground", "-k", "10", str(timeout_s),
+        sys.executable, "-m", "snakemake",
+        "--profile", str(profile),
+        "--directory", str(workdir),
+        "--slurm-init-seconds-before-status-checks", str(status_check_s),
+        "--slurm-keep-successful-logs",
+    ]
+    if snakefile is not None:
+        command += ["--snakefile", str(snakefile)]
+    if configfile is not None:
+        command += ["--configfile", str(configfile)]
+    command += list(extra_args)
+    proc = subprocess.run(
+        command,
+        cwd=workdir,
+        env=_submission_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s + 30,
+    )
+    submitted: dict[str, list[str]] = {}
+    for job_id, rule in _SUBMITTED.findall(proc.stdout):
+        submitted.setdefault(rule, []).append(job_id)
+    return WorkflowRun(command, proc.returncode, proc.stdout, submitted)
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job`` as a dict (the controller keeps finished jobs for MinJobAge)."""
+    proc = subprocess.run(
+        ["scontrol", "--oneliner", "show", "job", job_id],
+        capture_output=True, text=True, timeout=30,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"scontrol does not know job {job_id}: {proc.stderr.strip()}")
+    fields: dict[str, str] = {}
+    for token in proc.stdout.split():
+        key, sep, value = token.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
