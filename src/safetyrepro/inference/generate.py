@@ -1,0 +1,207 @@
+"""Batched free-form generation with an explicit decode loop.
+
+* Prompts are tokenised by :func:`..encoding.encode_prompt`, grouped longest-first into
+  batches of ``batch_size`` and left-padded; results come back in input order.
+* The token prefix shared by all prompts is prefilled once (:mod:`.kvcache`); each batch
+  prefills its suffixes once.
+* Greedy when ``temperature == 0`` (argmax; ties -> lowest token id, as ``torch.argmax`` and
+  transformers' greedy search). Otherwise softmax(logits / temperature), restricted to the
+  nucleus of mass ``top_p`` (smallest set of most likely tokens whose mass reaches top_p), and
+  sampled by inverse CDF with one uniform draw per step from a per-item ``torch.Generator``.
+  Each item's generator is seeded from ``(seed, prompt text)`` (:func:`item_seed`), so a
+  sampled item's output does not depend on batch size, batch composition or position in the
+  call: same seed -> identical outputs, different seed -> different draws.
+* A row stops at an end-of-turn token (``lm.stop_ids``: eos ids and the chat template's
+  end-of-turn token such as ``<|im_end|>`` / ``<end_of_turn>``), at the plain format's turn
+  marker ``"\\nUser:"`` (base models, ``lm.stop_strings``; the text is cut before it), or after
+  ``max_new_tokens``. ``finish_reason`` is ``"eos"`` for the first two, ``"length"`` otherwise.
+  ``n_gen_tokens`` counts generated tokens including the stop token; ``text`` excludes the stop
+  token/marker and special tokens. Finished rows leave the batch (their cache rows are dropped).
+* :func:`generate_multi_seed` prefills each batch once and forks the prefilled cache for each
+  seed's decode; its outputs are identical to separate :func:`generate` calls.
+* ``latency_s``: seconds from the start of the item's batch prefill until the item stopped
+  (for multi-seed: the shared prefill time plus that seed's decode time). The one-off shared
+  prefix prefill is not attributed to items.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .batching import Progress, length_batches, run_with_oom_fallback
+from .encoding import encode_prompt
+from .kvcache import build_prefix, fork_cache, forward, prefill
+
+
+@dataclass
+class Generation:
+    text: str
+    n_prompt_tokens: int
+    n_gen_tokens: int
+    finish_reason: str  # "eos" | "length"
+    latency_s: float
+    token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids
+
+
+def item_seed(seed: int, prompt: str) -> int:
+    """63-bit seed of one item's sampling generator, derived from the cell seed and the
+    prompt text."""
+    h = hashlib.sha256(f"{int(seed)}\0{prompt}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
+
+
+class _Sampler:
+    def __init__(self, temperature: float, top_p: float, seed: int, prompts: list[str]):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.gens = None
+        if self.temperature > 0:
+            self.gens = [torch.Generator().manual_seed(item_seed(seed, p)) for p in prompts]
+
+    def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
+        if self.gens is None:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        if self.top_p < 1.0:
+            probs, order = probs.sort(dim=-1, descending=True)
+            before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+            probs = probs.masked_fill(before >= self.top_p, 0.0)
+        else:
+            order = None
+        cdf = probs.cumsum(dim=-1)
+        u = torch.stack([torch.rand((), generator=self.gens[r], dtype=torch.float64)
+                         for r in active]).to(device=cdf.device, dtype=cdf.dtype)
+        u = u * cdf[:, -1]
+        idx = torch.searchsorted(cdf, u.unsqueeze(1)).clamp_(max=cdf.shape[1] - 1)
+        if order is not None:
+            idx = order.gather(1, idx)
+        return idx.squeeze(1)
+
+
+def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
+            n_prompt: list[int], t0: float) -> list[Generation]:
+    """Decode one prefilled batch; returns one Generation per row (batch order)."""
+    tok = lm.tokenizer
+    stop_ids = set(lm.stop_ids)
+    stop_strings = lm.stop_strings
+    n = logits.shape[0]
+    active = list(range(n))
+    out_ids: list[list[int]] = [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    cut: list[int | None] = [None] * n  # text cut position for stop strings
+    latency = [0.0] * n
+    for step in range(max_new_tokens):
+        nxt = sampler(logits, active)
+        nxt_list = nxt.tolist()
+        keep = []
+        for j, r in enumerate(active):
+            t = nxt_list[j]
+            out_ids[r].append(t)
+            if t in stop_ids:
+                finish[r] = "eos"
+            elif stop_strings:
+                text = tok.decode(out_ids[r], skip_special_tokens=True)
+                hits = [text.find(s) for s in stop_strings if s in text]
+                if hits:
+                    finish[r], cut[r] = "eos", min(hits)
+            if finish[r] is None and len(out_ids[r]) >= max_new_tokens:
+                finish[r] = "length"
+            if finish[r] is None:
+                keep.append(j)
+            else:
+                latency[r] = time.perf_counter() - t0
+        if not keep:
+            break
+        if len(keep) < len(active):
+            sel = torch.tensor(keep, dtype=torch.long, device=mask.device)
+            cache = fork_cache(cache, rows=sel)
+            mask = mask.index_select(0, sel)
+            nxt = nxt.index_select(0, sel)
+            active = [active[j] for j in keep]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        pos = mask.sum(dim=1, keepdim=True) - 1
+        logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1)[:, -1, :].float()
+    gens = []
+    for r in range(n):
+        ids = out_ids[r]
+        body = ids[:-1] if finish[r] == "eos" and ids and ids[-1] in stop_ids else ids
+        text = tok.decode(body, skip_special_tokens=True)
+        if cut[r] is not None:
+            text = text[:cut[r]]
+        gens.append(Generation(text=text, n_prompt_tokens=n_prompt[r], n_gen_tokens=len(ids),
+                               finish_reason=finish[r] or "length", latency_s=latency[r],
+                               token_ids=ids))
+    return gens
+
+
+def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tokens: int,
+                        temperature: float, top_p: float = 1.0, batch_size: int = 16,
+                        progress=None, prefix_cache: bool = True) -> dict[int, list[Generation]]:
+    """Generate ``prompts`` once per seed, prefilling each batch ONCE and decoding each seed
+    from a fork of the prefilled cache. ``{seed: [Generation in input order]}``; identical to
+    ``{s: generate(..., seed=s)}``. Greedy (temperature 0) decodes once and returns the same
+    generations under every seed."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    seeds = list(dict.fromkeys(int(s) for s in seeds))
+    if not seeds:
+        raise ValueError("generate_multi_seed: no seeds")
+    if not prompts:
+        return {s: [] for s in seeds}
+    greedy = float(temperature) == 0.0
+    decode_seeds = seeds[:1] if greedy else seeds
+    _Sampler(temperature, top_p, 0, [])  # validate arguments early
+    enc = [encode_prompt(lm.tokenizer, p) for p in prompts]
+    bar = Progress(progress, len(prompts) * len(decode_seeds), "generate")
+    results: dict[int, dict[int, Generation]] = {s: {} for s in decode_seeds}
+    try:
+        with torch.inference_mode():
+            prefix = build_prefix(lm, enc, enabled=prefix_cache)
+
+            def run(rows: list[int]) -> dict:
+                t0 = time.perf_counter()
+                cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows])
+                t_pre = time.perf_counter() - t0
+                per_seed = {}
+                for s in decode_seeds:
+                    t1 = time.perf_counter()
+                    sampler = _Sampler(temperature, top_p, s, [prompts[i] for i in rows])
+                    c = fork_cache(cache) if len(decode_seeds) > 1 else cache
+                    gens = _decode(lm, c, mask, logits, sampler, max_new_tokens=max_new_tokens,
+                                   n_prompt=[len(enc[i]) for i in rows], t0=t1)
+                    for g in gens:
+                        g.latency_s = round(g.latency_s + t_pre, 6)
+                    per_seed[s] = gens
+                    bar.update(len(rows))
+                return {i: {s: per_seed[s][j] for s in decode_seeds} for j, i in enumerate(rows)}
+
+            for rows in length_batches([len(e) for e in enc], batch_size):
+                done = run_with_oom_fallback(rows, run, what="generation", device=lm.info["device"],
+                                             n_tokens=lambda rs: sum(len(enc[i]) for i in rs))
+                for i, by_seed in done.items():
+                    for s, g in by_seed.items():
+                        results[s][i] = g
+    finally:
+        bar.close()
+    ordered = {s: [results[s][i] for i in range(len(prompts))] for s in decode_seeds}
+    if greedy:
+        return {s: ordered[decode_seeds[0]] if s == decode_seeds[0] else
+                [Generation(**{**g.__dict__, "token_ids": list(g.token_ids)}) for g in ordered[decode_seeds[0]]]
+                for s in seeds}
+    return ordered
+
+
+def generate(lm, prompts: list[str], *, max_new_tokens: int, temperature: float,
+             top_p: float = 1.0, seed: int = 0, batch_size: int = 16, progress=None,
+             prefix_cache: bool = True) -> list[Generation]:
+    """Generate one continuation per prompt (input order); see the module docstring."""
+    return generate_multi_seed(lm, prompts, [seed], max_new_tokens=max_new_tokens,
+                               temperature=temperature, top_p=top_p, batch_size=batch_size,
+                               progress=progress, prefix_cache=prefix_cache)[int(seed)]

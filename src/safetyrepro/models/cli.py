@@ -1,0 +1,44 @@
+"""CLI hook: ``safetyrepro prepare-model`` and ``safetyrepro bench-model``.
+
+The main CLI calls :func:`register` to add the commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("prepare-model")
+    def prepare_model_cmd(
+        config: Path = typer.Option(..., "--config", help="run config (YAML)"),
+        model: list[str] = typer.Option(None, "--model", help="model key (repeatable; default: all)"),
+        quiet: bool = typer.Option(False, "--quiet", help="no progress output"),
+    ) -> None:
+        """Download, verify and convert model(s) once; print the loadable path of each."""
+        from ..config import load_config
+        from .prepare import prepare_model
+
+        cfg = load_config(config)
+        for key in model or cfg.models:
+            typer.echo(f"{key}\t{prepare_model(cfg, key, progress=not quiet)}")
+
+    @app.command("bench-model")
+    def bench_model_cmd(
+        config: Path = typer.Option(..., "--config", help="run config (YAML)"),
+        model: str = typer.Option(..., "--model", help="model key"),
+        quantization: str = typer.Option(None, "--quantization", help="nf4 | bf16 | fp32"),
+        batch_size: int = typer.Option(16, "--batch-size"),
+        prompt_tokens: int = typer.Option(256, "--prompt-tokens"),
+        new_tokens: int = typer.Option(32, "--new-tokens"),
+    ) -> None:
+        """Measure prefill / decode / scoring throughput of one model (JSON on stdout)."""
+        from ..config import load_config
+        from ..inference.bench import measure_speed
+        from .load import load_model
+
+        lm = load_model(load_config(config), model, quantization=quantization)
+        typer.echo(json.dumps(measure_speed(lm, batch_size=batch_size,
+                                            prompt_tokens=prompt_tokens, new_tokens=new_tokens)))

@@ -1,0 +1,160 @@
+"""Loading a prepared model with the requested quantisation on the run's device.
+
+Quantisation levels (config ``models.<key>.quantization``, overridable per call):
+
+* ``nf4``: bitsandbytes 4-bit NormalFloat weights, bf16 compute
+  (``BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+  bnb_4bit_compute_dtype=torch.bfloat16)``); works on CPU (bitsandbytes >= 0.50) and CUDA.
+  Non-linear parameters (embeddings, norms) are held in bf16.
+* ``bf16``: all weights in bfloat16.
+* ``fp32``: all weights in float32.
+
+Device: ``runtime.device`` (``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else
+``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, ModelError
+from .chat import stop_strings_for, stop_token_ids
+from .prepare import prepare_model, read_marker, weights_hash
+
+QUANTIZATIONS = ("nf4", "bf16", "fp32")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for :mod:`safetyrepro.inference`.
+
+    ``info`` records what was actually used: model_key, path, weights_hash, quantization,
+    device, dtype, and the torch / transformers / bitsandbytes versions."""
+
+    model: Any
+    tokenizer: Any
+    info: dict
+    stop_ids: list[int] = field(default_factory=list)       # end-of-turn token ids
+    stop_strings: list[str] = field(default_factory=list)   # plain-format turn markers
+    cache_kwarg: str = "cache"                               # forward()'s KV-cache argument
+
+    @property
+    def device(self):
+        import torch
+        return torch.device(self.info["device"])
+
+
+def resolve_device(requested: str | None) -> str:
+    import torch
+    req = (requested or "auto").lower()
+    if req == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if req == "cuda" and not torch.cuda.is_available():
+        raise ModelError("device 'cuda' requested (runtime.device) but torch sees no CUDA device")
+    if req not in ("cpu", "cuda"):
+        raise ModelError(f"unknown device {requested!r}; expected auto, cpu or cuda")
+    return req
+
+
+def _version(pkg: str) -> str:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return "absent"
+
+
+def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
+    import torch
+    if quantization == "fp32":
+        return {"dtype": torch.float32}, "float32"
+    if quantization == "bf16":
+        return {"dtype": torch.bfloat16}, "bfloat16"
+    if quantization == "nf4":
+        from transformers import BitsAndBytesConfig
+        qc = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                bnb_4bit_compute_dtype=torch.bfloat16)
+        return {"dtype": torch.bfloat16, "quantization_config": qc}, "nf4/bfloat16"
+    raise ModelError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
+
+
+def load_model(cfg, key: str, *, quantization: str | None = None,
+               device: str | None = None, progress: bool = False) -> LoadedModel:
+    """Prepare (if needed) and load model ``key`` of run config ``cfg``.
+
+    ``quantization`` / ``device`` default to the config's ``models.<key>.quantization`` and
+    ``runtime.device``. A model that fails to load raises ModelError naming the key and path."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = cfg.model(key)
+    quant = quantization or spec.get("quantization", "nf4")
+    if quant not in QUANTIZATIONS:
+        raise ConfigError(cfg.path, f"models.{key}.quantization",
+                          f"unknown quantization {quant!r}; expected one of {QUANTIZATIONS}")
+    runtime = cfg.section("runtime")
+    dev = resolve_device(device or runtime.get("device", "auto"))
+    if runtime.get("threads"):
+        torch.set_num_threads(int(runtime["threads"]))
+
+    path = prepare_model(cfg, key, progress=progress)
+    source = spec["source"]
+    hub_kwargs = {"revision": source["revision"]} if source["kind"] == "hub" and source.get("revision") else {}
+    kwargs, dtype_name = _load_kwargs(quant, dev)
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), **hub_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(str(path), device_map={"": dev},
+                                                     **kwargs, **hub_kwargs)
+    except Exception as exc:
+        raise ModelError(f"model {key} ({path}) failed to load with quantization {quant} "
+                         f"on {dev}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    model.eval()
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+        if tok.pad_token_id is None:
+            raise ModelError(f"model {key} ({path}): tokenizer has no pad, eos or unk token")
+    tok.padding_side = "left"
+
+    if source["kind"] == "hub":
+        commit = getattr(model.config, "_commit_hash", None)
+        whash = f"hub:{path}@{commit}" if commit else weights_hash(path, source.get("revision"))
+    else:
+        whash = cached_weights_hash(Path(path))
+    info = {
+        "model_key": key,
+        "path": str(path),
+        "weights_hash": whash,
+        "quantization": quant,
+        "device": dev,
+        "dtype": dtype_name,
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
+        "bitsandbytes_version": _version("bitsandbytes"),
+        "chat_template": bool(getattr(tok, "chat_template", None)),
+    }
+    params = inspect.signature(model.forward).parameters
+    cache_kwarg = "cache" if "cache" in params else "past_key_values"
+    return LoadedModel(model=model, tokenizer=tok, info=info,
+                       stop_ids=stop_token_ids(tok, model.generation_config),
+                       stop_strings=stop_strings_for(tok), cache_kwarg=cache_kwarg)
+
+
+def cached_weights_hash(folder: Path) -> str:
+    """:func:`weights_hash` of a folder, taken from its PREPARED.json marker when the marker's
+    record still matches the safetensors files on disk (names and sizes), else recomputed."""
+    marker = read_marker(folder)
+    if marker and marker.get("weights_hash") and marker.get("weights_files"):
+        now = {f.name: f.stat().st_size for f in sorted(folder.glob("*.safetensors"))}
+        if now == marker["weights_files"]:
+            return marker["weights_hash"]
+    return weights_hash(folder)

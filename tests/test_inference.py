@@ -1,0 +1,331 @@
+"""The inference engine on the real embedded SmolLM2-135M (prepared through config/config.yaml).
+
+Exactness checks run in fp32, where batching, padding and the shared-prefix cache change
+floating-point results only at the 1e-5 level, so greedy tokens match exactly; bf16 is checked
+with a looser tolerance."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from safetyrepro.config import load_config
+from safetyrepro.errors import CellError
+from safetyrepro.inference import (check_finite, encode_pair, encode_prompt, generate,
+                                   generate_multi_seed, score_candidates, score_candidates_plain)
+from safetyrepro.inference.batching import Progress, length_batches, run_with_oom_fallback
+from safetyrepro.inference.encoding import common_prefix_len, split_trailing_space
+from safetyrepro.inference.generate import item_seed
+from safetyrepro.models import format_prompt, load_model
+from safetyrepro.paths import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow
+
+KEY = "smollm2-135m"
+SYSTEM = ("You are a careful assistant. Read the question and answer it briefly and honestly. "
+          "If you do not know, say so.")
+QUESTIONS = [
+    "What is the capital of France?",
+    "Is it safe to eat raw chicken? Answer yes or no.",
+    "Name a color.",
+    "Write one word: hello",
+    "Who wrote the play Romeo and Juliet? Give the full name of the author, please.",
+    "What happens if you swallow gum?",
+]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(PROJECT_ROOT / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def lm(cfg):
+    return load_model(cfg, KEY, quantization="fp32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def lm_bf16(cfg):
+    return load_model(cfg, KEY, quantization="bf16", device="cpu")
+
+
+def _prompts(lm, questions=QUESTIONS):
+    return [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
+                                         {"role": "user", "content": q}]) for q in questions]
+
+
+def _reference_greedy(lm, prompt: str, max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([encode_prompt(lm.tokenizer, prompt)])
+    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                            max_new_tokens=max_new_tokens, eos_token_id=lm.stop_ids,
+                            pad_token_id=lm.tokenizer.pad_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+# --------------------------------------------------------------------------------------------
+# tokenisation
+# --------------------------------------------------------------------------------------------
+def test_encoding_rules(lm):
+    tok = lm.tokenizer
+    assert encode_prompt(tok, "Hello there") == tok("Hello there", add_special_tokens=False)["input_ids"]
+    assert split_trailing_space("Answer: \t", "A") == ("Answer:", " \tA")
+    assert split_trailing_space("Answer:\n", "A") == ("Answer:\n", "A")  # newlines stay
+    ctx, cont = encode_pair(tok, "Answer: ", "A")
+    assert ctx == encode_prompt(tok, "Answer:")
+    assert cont == tok(" A", add_special_tokens=False)["input_ids"]
+    assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_len([[5], [6]]) == 0
+
+
+def test_length_batches_longest_first():
+    assert length_batches([3, 9, 5, 9, 1], 2) == [[1, 3], [2, 0], [4]]
+    with pytest.raises(ValueError):
+        length_batches([1], 0)
+
+
+# --------------------------------------------------------------------------------------------
+# generation
+# --------------------------------------------------------------------------------------------
+N_GREEDY = 12
+
+
+@pytest.fixture(scope="module")
+def greedy(lm):
+    return generate(lm, _prompts(lm), max_new_tokens=N_GREEDY, temperature=0, batch_size=4)
+
+
+def test_greedy_is_deterministic_and_in_input_order(lm, greedy):
+    prompts = _prompts(lm)
+    a = greedy
+    b = generate(lm, prompts, max_new_tokens=N_GREEDY, temperature=0, batch_size=4)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.text for g in a] == [g.text for g in b]
+    for p, g in zip(prompts, a):
+        assert g.n_prompt_tokens == len(encode_prompt(lm.tokenizer, p))
+        assert 1 <= g.n_gen_tokens == len(g.token_ids) <= N_GREEDY
+        assert g.finish_reason in ("eos", "length") and g.latency_s > 0
+    # input order: the single-prompt run of each item reproduces its slot
+    solo = generate(lm, [prompts[4]], max_new_tokens=N_GREEDY, temperature=0)
+    assert solo[0].token_ids == a[4].token_ids
+
+
+def test_batched_greedy_equals_per_item_model_generate_fp32(lm, greedy):
+    prompts = _prompts(lm)
+    n = N_GREEDY
+    batched = greedy
+    unshared = generate(lm, prompts, max_new_tokens=n, temperature=0, batch_size=4,
+                        prefix_cache=False)
+    for p, g, u in zip(prompts, batched, unshared):
+        ref = _reference_greedy(lm, p, n)
+        assert g.token_ids == ref
+        assert u.token_ids == ref
+        stopped = ref[-1] in lm.stop_ids
+        assert g.finish_reason == ("eos" if stopped else "length")
+        assert g.text == lm.tokenizer.decode(ref, skip_special_tokens=True)
+    assert any(g.finish_reason == "eos" for g in batched)
+    assert any(g.finish_reason == "length" for g in batched)
+
+
+def test_sampling_is_seeded_per_item(lm):
+    prompts = _prompts(lm)[:4]
+    kw = dict(max_new_tokens=16, temperature=0.7)
+    s1 = generate(lm, prompts, seed=1, batch_size=4, **kw)
+    s1_again = generate(lm, prompts, seed=1, batch_size=4, **kw)
+    s2 = generate(lm, prompts, seed=2, batch_size=4, **kw)
+    assert [g.token_ids for g in s1] == [g.token_ids for g in s1_again]
+    assert sum(a.token_ids != b.token_ids for a, b in zip(s1, s2)) >= 2
+    # the per-item stream does not depend on batching or on the other prompts of the call
+    s1_b1 = generate(lm, prompts[2:], seed=1, batch_size=1, **kw)
+    assert [g.token_ids for g in s1_b1] == [g.token_ids for g in s1[2:]]
+    # top-p restricts the draw; with a tiny nucleus sampling degenerates to greedy
+    nucleus = generate(lm, prompts, seed=3, top_p=1e-6, batch_size=4, **kw)
+    greedy = generate(lm, prompts, temperature=0, max_new_tokens=16, batch_size=4)
+    assert [g.token_ids for g in nucleus] == [g.token_ids for g in greedy]
+    assert item_seed(1, "a") != item_seed(2, "a") != item_seed(1, "b")
+
+
+def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
+    prompts = _prompts(lm)
+    seeds = [11, 12]
+    kw = dict(max_new_tokens=10, temperature=0.7, top_p=0.9, batch_size=4)
+    prefills = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape[1] > 1), with_kwargs=True)
+    try:
+        multi = generate_multi_seed(lm, prompts, seeds, **kw)
+    finally:
+        hook.remove()
+    # one shared-prefix forward + one prefill per batch (2 batches), not one per seed
+    assert sum(prefills) == 3
+    assert list(multi) == seeds
+    for s in seeds:
+        sep = generate(lm, prompts, seed=s, **kw)
+        assert [g.token_ids for g in multi[s]] == [g.token_ids for g in sep]
+        assert [g.text for g in multi[s]] == [g.text for g in sep]
+    assert [g.token_ids for g in multi[11]] != [g.token_ids for g in multi[12]]
+    greedy = generate_multi_seed(lm, prompts, [1, 2], max_new_tokens=4, temperature=0)
+    assert [g.token_ids for g in greedy[1]] == [g.token_ids for g in greedy[2]]
+
+
+def test_stop_string_cuts_the_turn(lm):
+    prompts = _prompts(lm, QUESTIONS[4:5])
+    full = generate(lm, prompts, max_new_tokens=20, temperature=0)[0]
+    words = full.text.split()
+    assert len(words) >= 3, full.text
+    marker = " " + words[2]
+    cut_at = full.text.index(marker)
+    stopping = dataclasses.replace(lm, stop_strings=[marker])
+    g = generate(stopping, prompts, max_new_tokens=20, temperature=0)[0]
+    assert g.finish_reason == "eos"
+    assert g.text == full.text[:cut_at]
+    assert g.n_gen_tokens < full.n_gen_tokens
+    assert g.token_ids == full.token_ids[:g.n_gen_tokens]
+
+
+def test_length_limit_and_progress_callback(lm):
+    prompts = _prompts(lm)
+    seen = []
+    out = generate(lm, prompts, max_new_tokens=2, temperature=0, batch_size=4, progress=seen.append)
+    assert all(g.n_gen_tokens <= 2 for g in out)
+    assert all(g.finish_reason == "length" for g in out if g.n_gen_tokens == 2
+               and g.token_ids[-1] not in lm.stop_ids)
+    assert sum(seen) == len(prompts)
+    assert generate(lm, [], max_new_tokens=2, temperature=0) == []
+    with pytest.raises(ValueError):
+        generate(lm, prompts, max_new_tokens=0, temperature=0)
+    with pytest.raises(ValueError):
+        generate(lm, prompts, max_new_tokens=2, temperature=0.5, top_p=0)
+    with pytest.raises(TypeError):
+        Progress(42, 1, "x")
+
+
+def test_bf16_generation_runs_and_mostly_agrees(lm, lm_bf16):
+    prompts = _prompts(lm)
+    g32 = generate(lm, prompts, max_new_tokens=6, temperature=0)
+    g16 = generate(lm_bf16, prompts, max_new_tokens=6, temperature=0)
+    assert all(g.n_gen_tokens >= 1 for g in g16)
+    # bf16 rounding may change a few tokens but not the first token of most answers
+    assert sum(a.token_ids[0] == b.token_ids[0] for a, b in zip(g32, g16)) >= len(prompts) - 2
+
+
+# --------------------------------------------------------------------------------------------
+# scoring
+# --------------------------------------------------------------------------------------------
+def _mc(lm):
+    stems = ["Which is a fruit? A) apple B) chair C) rock",
+             "Is the sky green? A) yes B) no",
+             "Pick the animal. A) table B) dog C) cloud D) spoon"]
+    contexts = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
+                                             {"role": "user", "content": s}]) + "Answer: "
+                for s in stems]
+    candidates = [["A", "B", "C", "A) apple, the fruit"],
+                  ["A) yes", "B) no"],
+                  ["A", "B", "C", "D", "B) dog is an animal"]]
+    return contexts, candidates
+
+
+def test_kv_reuse_scores_equal_plain_fp32(lm):
+    contexts, candidates = _mc(lm)
+    fast = score_candidates(lm, contexts, candidates, batch_size=2)
+    plain = score_candidates_plain(lm, contexts, candidates, batch_size=3)
+    noprefix = score_candidates(lm, contexts, candidates, batch_size=2, prefix_cache=False)
+    assert [len(r) for r in fast] == [len(c) for c in candidates]
+    multi = 0
+    for rf, rp, rn in zip(fast, plain, noprefix):
+        for f, p, n in zip(rf, rp, rn):
+            assert f.n_tokens == p.n_tokens == n.n_tokens
+            assert f.loglik == pytest.approx(p.loglik, abs=1e-4)
+            assert n.loglik == pytest.approx(p.loglik, abs=1e-4)
+            assert f.is_greedy == p.is_greedy
+            assert f.loglik < 0
+            multi += f.n_tokens > 2
+    assert multi >= 2
+    # the score of a multi-token candidate is the sum of its conditional token log-probs
+    tok = lm.tokenizer
+    ctx_ids, cont_ids = encode_pair(tok, contexts[1], candidates[1][1])
+    ids = torch.tensor([ctx_ids + cont_ids])
+    with torch.inference_mode():
+        logp = torch.log_softmax(lm.model(input_ids=ids).logits[0].float(), -1)
+    manual = sum(float(logp[len(ctx_ids) - 1 + k, t]) for k, t in enumerate(cont_ids))
+    assert fast[1][1].loglik == pytest.approx(manual, abs=1e-4)
+
+
+def test_kv_reuse_scores_equal_plain_bf16(lm_bf16):
+    contexts, candidates = _mc(lm_bf16)
+    fast = score_candidates(lm_bf16, contexts, candidates, batch_size=2)
+    plain = score_candidates_plain(lm_bf16, contexts, candidates, batch_size=3)
+    for rf, rp in zip(fast, plain):
+        for f, p in zip(rf, rp):
+            assert f.n_tokens == p.n_tokens
+            assert f.loglik == pytest.approx(p.loglik, abs=0.1 * p.n_tokens + 0.1)
+
+
+def test_scoring_runs_each_context_once(lm):
+    contexts, candidates = _mc(lm)
+    processed = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: processed.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    try:
+        score_candidates(lm, contexts, candidates, batch_size=1, prefix_cache=False)
+    finally:
+        hook.remove()
+    tok = lm.tokenizer
+    ctx_tokens = sum(len(encode_pair(tok, c, cs[0])[0]) for c, cs in zip(contexts, candidates))
+    cont_tokens = sum(len(encode_pair(tok, c, x)[1]) - 1 for c, cs in zip(contexts, candidates)
+                      for x in cs)
+    # every context token once, every candidate token but its last once, nothing else
+    assert sum(processed) == ctx_tokens + cont_tokens
+    n_candidates = sum(len(cs) for cs in candidates)
+    assert sum(processed) < n_candidates * min(len(encode_prompt(tok, c)) for c in contexts)
+
+
+def test_greedy_continuation_is_flagged_greedy(lm):
+    prompts = _prompts(lm, QUESTIONS[:1])
+    g = generate(lm, prompts, max_new_tokens=4, temperature=0)[0]
+    assert lm.tokenizer(g.text, add_special_tokens=False)["input_ids"] == g.token_ids[:4]
+    score = score_candidates(lm, prompts, [[g.text, g.text + " zebra"]])[0]
+    assert score[0].is_greedy and not score[1].is_greedy
+    assert score[1].loglik < score[0].loglik
+
+
+def test_nan_logits_raise_cell_error_naming_the_item(lm):
+    check_finite(torch.tensor([-1.0, -2.5]), 0)
+    with pytest.raises(CellError, match="item 7"):
+        check_finite(torch.tensor([-1.0, float("nan")]), 7)
+    with pytest.raises(CellError, match="item 2"):
+        check_finite([-math.inf], 2)
+    # a real model whose final norm is corrupted produces NaN logits end to end
+    broken = dataclasses.replace(lm, model=copy.deepcopy(lm.model))
+    with torch.no_grad():
+        broken.model.model.norm.weight.fill_(float("nan"))
+    contexts, candidates = _mc(lm)
+    with pytest.raises(CellError, match="item 0"):
+        score_candidates(broken, contexts[:1], candidates[:1])
+
+
+def test_empty_candidate_is_rejected(lm):
+    with pytest.raises(CellError, match="item 0: candidate 1"):
+        score_candidates(lm, ["Question?"], [["yes", ""]])
+
+
+def test_out_of_memory_halves_the_batch_then_fails_clearly():
+    calls = []
+
+    def fn(rows):
+        calls.append(list(rows))
+        if len(rows) > 2 or 5 in rows:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return {r: r * 10 for r in rows}
+
+    assert run_with_oom_fallback([0, 1, 2, 3], fn, what="test", device="cuda",
+                                 n_tokens=len) == {0: 0, 1: 10, 2: 20, 3: 30}
+    assert calls == [[0, 1, 2, 3], [0, 1], [2, 3]]
+    with pytest.raises(CellError, match="out of memory on cuda during test even at batch size 1"):
+        run_with_oom_fallback([4, 5], fn, what="test", device="cuda", n_tokens=len)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_with_oom_fallback([1], lambda r: (_ for _ in ()).throw(RuntimeError("boom")),
+                              what="t", device="cpu", n_tokens=len)
