@@ -59,7 +59,7 @@ def _cached_wheels(cfg) -> Path:
 # preparation
 # --------------------------------------------------------------------------------------------
 def test_prepare_converts_verified_gguf_into_hf_folder(cfg, smol):
-    assert smol == model_dir(cfg.resources_dir, KEY)
+    assert smol == model_dir(cfg.resources_dir, cfg.model(KEY)["source"])
     marker = read_marker(smol)
     assert marker["source_sha256"] == SMOL_SHA == cfg.model(KEY)["source"]["sha256"]
     assert marker["model_key"] == KEY and marker["dtype"] == "float32"
@@ -95,8 +95,8 @@ def test_wrong_sha_raises_naming_both_digests(cfg, smol, tmp_path):
     msg = str(err.value)
     assert bad in msg and SMOL_SHA in msg and "SmolLM2-135M-Instruct.Q4_1.gguf" in msg
     # nothing left that could look complete
-    assert not model_dir(res, KEY).exists()
-    assert not list((res / "models" / KEY).rglob("*.gguf"))
+    assert not model_dir(res, spec["source"]).exists()
+    assert not list((res / "models").rglob("*.gguf"))
 
 
 def test_missing_wheel_member_is_a_model_error(cfg, smol, tmp_path):
@@ -114,7 +114,7 @@ def test_half_written_folder_without_marker_is_rebuilt(cfg, smol, tmp_path):
     res = tmp_path / "res"
     res.mkdir()
     (res / "wheels").symlink_to(_cached_wheels(cfg))
-    half = model_dir(res, KEY)
+    half = model_dir(res, cfg.model(KEY)["source"])
     half.mkdir(parents=True)
     (half / "model.safetensors").write_bytes(b"truncated")
     other_cfg = load_config(_variant_config(tmp_path, cfg, resources=res))

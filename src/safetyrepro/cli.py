@@ -142,9 +142,11 @@ def _register_subcommands() -> None:
     """Commands defined next to the code they drive (each module imports lazily)."""
     from .analysis.cli import register as analysis_cmd
     from .items.cli import register as items_cmd
+    from .models.cli import register as models_cmd
     from .worker.cli import register as worker_cmd
 
     items_cmd(app)
+    models_cmd(app)
     analysis_cmd(app)
     worker_cmd(app)
 

@@ -103,6 +103,10 @@ class Plan:
 
         return load_task(benchmark).template_hash(template)
 
+    def source_fingerprint(self, model: str) -> str:
+        """What model preparation depends on (not the quantization, applied at load time)."""
+        return canonical_hash(self.cfg.model(model)["source"])
+
     def model_fingerprint(self, model: str, variant: str = "main") -> str:
         m = self.cfg.model(model)
         return canonical_hash({"source": m["source"], "quantization": self.quantization(model, variant)})

