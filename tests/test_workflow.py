@@ -1,0 +1,222 @@
+"""The real Snakemake workflow on the tiny config (SmolLM2 under fp32 and NF4 as two models,
+2 benchmarks x 3 items, the tiny envelope): a full run, exact partial-rerun plans after edits,
+and the reliability cases. Slow-ish (a few minutes): it runs real models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from workflow_support import cell_rules, make_project_copy, planned, snakemake
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    project, config = make_project_copy(tmp_path_factory.mktemp("tinyproj"))
+    r = snakemake(project, config)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    return project, config, r
+
+
+def _shards(project: Path, root: str = "shards") -> list[Path]:
+    return sorted((project / "results" / root).rglob("*.parquet"))
+
+
+def test_full_run_outputs(tiny):
+    project, config, r = tiny
+    res = project / "results"
+    cells = pq.read_table(res / "tables" / "cell_scores.parquet").to_pandas()
+    assert len(cells) == 48  # 2 models x 2 benchmarks x 12 configs
+    assert set(cells["model"]) == {"smol-fp32", "smol-nf4"}
+    sampled = cells[cells["decoding"] == "t0.7"]
+    assert (sampled["n_seeds"] == 2).all() and (cells[cells["decoding"] == "greedy"]["n_seeds"] == 1).all()
+    assert cells["score"].between(0, 1).all()
+    meta = json.loads(pq.read_schema(res / "tables" / "cell_scores.parquet").metadata[b"safetyrepro"])
+    assert meta["rules_stamp"] == cells["rules_stamp"].iloc[0] and meta["n_shards"] == 64
+    rho = pq.read_table(res / "tables" / "rho_flip.parquet").to_pandas()
+    assert len(rho) == 2 and set(rho["benchmark"]) == {"truthfulqa", "xstest"}
+    assert (rho["rho_flip"] <= rho["ceiling"]).all()
+    for f in ("report.md", "cards/index.json", "figures/rho_heatmap.png", "tables/precision.parquet",
+              "tables/table2.parquet", "tables/anova.parquet", "tables/robustness.parquet"):
+        assert (res / f).exists(), f
+    assert len(_shards(project)) == 64 and len(_shards(project, "shards_bf16")) == 8
+    # model loads are counted and printed; each worker key loads once in this run
+    summary = json.loads((res / "logs" / "run_summary.json").read_text())
+    assert summary["max_loads_per_key"] == 1
+    assert "model loads" in r.stdout + r.stderr
+
+
+def test_rerun_does_nothing(tiny):
+    project, config, _ = tiny
+    counts, _ = planned(project, config)
+    assert counts == {}
+
+
+def _edit(path: Path, old: str, new: str) -> str:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+    return text
+
+
+def test_parser_change_reruns_scoring_only(tiny):
+    project, config, _ = tiny
+    f = project / "src" / "safetyrepro" / "parsing" / "choice.py"
+    original = f.read_text()
+    try:
+        f.write_text(original + "\n# a parser fix\n")
+        counts, _ = planned(project, config)
+    finally:
+        f.write_text(original)
+    assert not cell_rules(counts), counts
+    assert {"aggregate", "aggregate_bf16", "rho_flip", "paper_tables"} <= set(counts)
+
+
+def test_template_change_reruns_exactly_its_cells(tiny):
+    project, config, _ = tiny
+    f = project / "src" / "safetyrepro" / "tasks" / "truthfulqa.yaml"
+    original = f.read_text()
+    task = yaml.safe_load(original)
+    task["templates"]["T4"]["freeform"]["user"] += " Think it through."  # edit T4's text only
+    f.write_text(yaml.safe_dump(task, sort_keys=False))
+    try:
+        counts, outputs = planned(project, config)
+    finally:
+        f.write_text(original)
+    shard_outputs = {o for o in outputs if "/shards" in o}
+    expected = {str(p.relative_to(project)) for p in _shards(project) if "/truthfulqa/T4-" in str(p)}
+    assert expected and shard_outputs == expected
+    assert "items" not in counts and "prepare_model" not in counts
+
+
+def test_quantization_change_reruns_that_models_cells_only(tiny):
+    project, config, _ = tiny
+    original = config.read_text()
+    cfg = yaml.safe_load(original)
+    cfg["models"]["smol-nf4"]["quantization"] = "bf16"
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    try:
+        counts, outputs = planned(project, config)
+    finally:
+        config.write_text(original)
+    shard_outputs = {o for o in outputs if "/shards" in o}
+    expected = {str(p.relative_to(project)) for p in _shards(project) if "/smol-nf4/" in str(p)}
+    assert shard_outputs == expected
+    assert set(cell_rules(counts)) == {"cell_smol-nf4"}
+
+
+def test_rules_bump_reruns_every_cell(tiny):
+    project, config, _ = tiny
+    f = project / "tests" / "configs" / "envelope_tiny.yaml"
+    original = _edit(f, "rules_version: 1", "rules_version: 2")
+    try:
+        counts, _ = planned(project, config)
+    finally:
+        f.write_text(original)
+    assert sum(cell_rules(counts).values()) == 64 + 8
+
+
+def test_aggregation_refuses_mixed_rules_stamps(tiny, tmp_path):
+    from safetyrepro.aggregate import aggregate
+    from safetyrepro.config import load_config
+    from safetyrepro.errors import ShardError
+    from safetyrepro.io import read_parquet, write_parquet
+    from safetyrepro.plan import Plan
+
+    project, config, _ = tiny
+    shard = _shards(project)[0]
+    backup = tmp_path / "backup.parquet"
+    backup.write_bytes(shard.read_bytes())
+    table, meta = read_parquet(shard)
+    try:
+        write_parquet(table, shard, dict(meta, rules_stamp="0" * 64))
+        with pytest.raises(ShardError) as err:
+            aggregate(Plan(load_config(config)), "main", progress=False)
+        assert "different rules stamps" in str(err.value) and str(shard) in str(err.value)
+    finally:
+        shard.write_bytes(backup.read_bytes())
+
+
+def test_corrupt_shard_is_named(tiny, tmp_path):
+    from safetyrepro.cells import read_shard
+    from safetyrepro.errors import ShardError
+
+    project, config, _ = tiny
+    shard = _shards(project)[1]
+    bad = tmp_path / "truncated.parquet"
+    bad.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(ShardError, match="truncated.parquet"):
+        read_shard(bad)
+    backup = shard.read_bytes()
+    try:
+        shard.write_bytes(backup[:100])
+        from conftest import run_cli
+
+        r = run_cli("aggregate", "--config", str(config), "--out-dir", str(tmp_path / "t"))
+        assert r.returncode == 2 and str(shard) in r.stderr
+    finally:
+        shard.write_bytes(backup)
+
+
+def test_malformed_config_fails_before_any_job(tmp_path):
+    project, config = make_project_copy(tmp_path / "p")
+    cfg = yaml.safe_load(config.read_text())
+    cfg["benchmarks"]["xstest"]["n_items"] = 0
+    config.write_text(yaml.safe_dump(cfg))
+    r = snakemake(project, config)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert str(config) in out and "benchmarks.xstest.n_items" in out
+    assert not (project / "results").exists()
+
+
+def test_missing_model_fails_only_its_jobs(tmp_path):
+    project, config = make_project_copy(tmp_path / "p")
+    cfg = yaml.safe_load(config.read_text())
+    cfg["models"]["ghost"] = {"display_name": "missing", "quantization": "fp32",
+                              "source": {"kind": "local", "path": str(tmp_path / "no-such-model")}}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    good = "results/shards/smol-fp32/xstest/T1-greedy-k0-logprob/s0.parquet"
+    bad = "results/shards/ghost/xstest/T1-greedy-k0-logprob/s0.parquet"
+    r = snakemake(project, config, "--keep-going", good, bad)
+    assert r.returncode != 0
+    assert (project / good).exists() and not (project / bad).exists()
+    log = (project / "results" / "logs" / "prepare_model" / "ghost.log").read_text()
+    assert "models.ghost.source.path" in log and "no-such-model" in log
+
+
+def test_killed_run_resumes_without_loss(tmp_path):
+    from safetyrepro.cells import read_shard
+
+    project, config = make_project_copy(tmp_path / "p")
+    target = ["results/tables/cell_scores.parquet"]
+    proc = snakemake(project, config, *target, popen=True)
+    shards = project / "results" / "shards"
+    deadline = time.time() + 600
+    while time.time() < deadline and len(list(shards.rglob("*.parquet"))) < 5:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its cell client, mid-run
+    proc.wait()
+    n_before = len(list(shards.rglob("*.parquet")))
+    assert 5 <= n_before < 64
+    r = snakemake(project, config, *target)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    files = sorted(shards.rglob("*.parquet"))
+    assert len(files) == 64
+    for f in files:
+        table, meta = read_shard(f)
+        assert table.num_rows == 3 and len(set(table.column("item_id").to_pylist())) == 3
+    assert not list(shards.rglob("*.tmp"))
+    from safetyrepro.worker.client import stop_workers
+    from safetyrepro.worker.state import default_state_dir
+
+    stop_workers(default_state_dir(project / "results"))

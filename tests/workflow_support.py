@@ -1,0 +1,87 @@
+"""Helpers for tests that run the real Snakemake workflow on a copy of the project.
+
+The copy lets a test edit a parser, a template or the rules file without touching the
+checkout; its jobs import the copy's package (PYTHONPATH), read the shared benchmark data and
+reuse the checkout's prepared models (resources/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = (ROOT.parent / "shared" / "data" / "benchmarks").resolve()
+TINY = ROOT / "tests" / "configs" / "tiny.yaml"
+
+
+def project_files() -> list[str]:
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    return [f for f in out if f and (ROOT / f).is_file()]
+
+
+def make_project_copy(dest: Path, config_over: dict | None = None) -> tuple[Path, Path]:
+    """Copy the project to ``dest``; write the tiny config there with absolute data/resources
+    paths and results under ``dest/results``. Returns (project dir, config path)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in project_files():
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, target)
+    cfg = yaml.safe_load(TINY.read_text())
+    cfg["data"]["local_dir"] = str(DATA)
+    cfg["runtime"]["resources_dir"] = str(ROOT / "resources")
+    cfg["runtime"]["results_dir"] = str(dest / "results")
+    for k, v in (config_over or {}).items():
+        cfg[k] = v
+    path = dest / "tests" / "configs" / "run.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return dest, path
+
+
+def env_for(project: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(project / "src")
+    env.pop("SAFETYREPRO_DATA", None)
+    return env
+
+
+def snakemake(project: Path, config: Path, *args: str, timeout: int = 1200,
+              popen: bool = False):
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(project / "Snakefile"),
+           "--directory", str(project), "--configfile", str(config), "--cores", "1",
+           "--resources", "gpu=1", "--profile", str(project / "profiles" / "default"), *args]
+    if popen:
+        return subprocess.Popen(cmd, env=env_for(project), cwd=project, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.run(cmd, env=env_for(project), cwd=project, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def planned(project: Path, config: Path) -> tuple[dict[str, int], set[str]]:
+    """Dry-run: (job count per rule, set of planned output paths relative to the project)."""
+    r = snakemake(project, config, "-n")
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = r.stdout + r.stderr
+    counts: dict[str, int] = {}
+    outputs: set[str] = set()
+    for m in re.finditer(r"^rule ([\w.-]+):\n((?:    .*\n)+)", text, flags=re.M):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        for line in m.group(2).splitlines():
+            line = line.strip()
+            if line.startswith("output:"):
+                for p in line[len("output:"):].split(","):
+                    p = p.strip()
+                    if p:
+                        outputs.add(str(Path(p).relative_to(project)) if p.startswith(str(project)) else p)
+    return counts, outputs
+
+
+def cell_rules(counts: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in counts.items() if k.startswith("cell_")}
