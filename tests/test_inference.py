@@ -307,9 +307,11 @@ def test_nan_logits_raise_cell_error_naming_the_item(lm):
         score_candidates(broken, contexts[:1], candidates[:1])
 
 
-def test_empty_candidate_is_rejected(lm):
+def test_empty_candidate_or_prompt_is_rejected(lm):
     with pytest.raises(CellError, match="item 0: candidate 1"):
         score_candidates(lm, ["Question?"], [["yes", ""]])
+    with pytest.raises(CellError, match="item 1: the prompt encodes to no tokens"):
+        generate(lm, ["Hi", ""], max_new_tokens=2, temperature=0)
 
 
 def test_out_of_memory_halves_the_batch_then_fails_clearly():

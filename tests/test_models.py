@@ -282,3 +282,18 @@ def test_bad_messages_are_rejected(tokenizer):
         format_prompt(tokenizer, MESSAGES[:3])
     with pytest.raises(ValueError, match="role"):
         format_prompt(tokenizer, [{"role": "tool", "content": "x"}])
+
+
+def test_runtime_threads_from_config(cfg, smol, tmp_path):
+    raw_res = cfg.resources_dir
+    path = _variant_config(tmp_path, cfg, resources=raw_res)
+    data = yaml.safe_load(path.read_text())
+    data["runtime"]["threads"] = 1
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    before = torch.get_num_threads()
+    try:
+        lm = load_model(load_config(path), KEY, quantization="bf16", device="cpu")
+        assert torch.get_num_threads() == 1
+        assert lm.info["device"] == "cpu"
+    finally:
+        torch.set_num_threads(before)

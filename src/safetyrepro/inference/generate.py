@@ -26,12 +26,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import CellError
 from .batching import Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
 from .kvcache import build_prefix, fork_cache, forward, prefill
@@ -159,6 +161,9 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     decode_seeds = seeds[:1] if greedy else seeds
     _Sampler(temperature, top_p, 0, [])  # validate arguments early
     enc = [encode_prompt(lm.tokenizer, p) for p in prompts]
+    for i, e in enumerate(enc):
+        if not e:
+            raise CellError(f"item {i}: the prompt encodes to no tokens; nothing to generate from")
     bar = Progress(progress, len(prompts) * len(decode_seeds), "generate")
     results: dict[int, dict[int, Generation]] = {s: {} for s in decode_seeds}
     try:
@@ -191,10 +196,10 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     finally:
         bar.close()
     ordered = {s: [results[s][i] for i in range(len(prompts))] for s in decode_seeds}
-    if greedy:
-        return {s: ordered[decode_seeds[0]] if s == decode_seeds[0] else
-                [Generation(**{**g.__dict__, "token_ids": list(g.token_ids)}) for g in ordered[decode_seeds[0]]]
-                for s in seeds}
+    if greedy:  # one decode serves every seed; later seeds get copies
+        base = ordered[decode_seeds[0]]
+        return {s: base if s == decode_seeds[0] else
+                [dataclasses.replace(g, token_ids=list(g.token_ids)) for g in base] for s in seeds}
     return ordered
 
 

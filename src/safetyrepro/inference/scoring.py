@@ -93,15 +93,15 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
 
             def run(rows: list[int]) -> dict:
                 cache, mask, last = prefill(lm, prefix, [ctx_ids[i] for i in rows])
-                first_logp = torch.log_softmax(last, dim=-1)
+                first_logp = torch.log_softmax(last, dim=-1).cpu()
+                first_best = first_logp.argmax(dim=-1).tolist()
                 pairs = [(b, j) for b, i in enumerate(rows) for j in range(len(cont_ids[i]))]
-                ll = {p: 0.0 for p in pairs}
-                greedy = {p: True for p in pairs}
+                ll, greedy = {}, {}
                 # first candidate token: from the context's last position
                 for b, j in pairs:
                     t = cont_ids[rows[b]][j][0]
                     ll[(b, j)] = float(first_logp[b, t])
-                    greedy[(b, j)] = int(first_logp[b].argmax()) == t
+                    greedy[(b, j)] = first_best[b] == t
                 longer = [p for p in pairs if len(cont_ids[rows[p[0]]][p[1]]) > 1]
                 for chunk in chunks(longer, batch_size):
                     conts = [cont_ids[rows[b]][j] for b, j in chunk]
