@@ -7,6 +7,7 @@ rule items:
         fewshot=f"{RESULTS}/items/{{benchmark}}.fewshot.parquet",
     params:
         fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
+    priority: 100  # before any cell, so each model's cells then run back to back
     log:
         f"{RESULTS}/logs/items/{{benchmark}}.log",
     shell:

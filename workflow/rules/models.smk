@@ -6,6 +6,7 @@ rule prepare_model:
         f"{RESULTS}/models/{{model}}.json",
     params:
         fingerprint=lambda w: PLAN.source_fingerprint(w.model),
+    priority: 100  # before any cell, so each model's cells then run back to back
     log:
         f"{RESULTS}/logs/prepare_model/{{model}}.log",
     shell:
