@@ -85,3 +85,9 @@ def planned(project: Path, config: Path) -> tuple[dict[str, int], set[str]]:
 
 def cell_rules(counts: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in counts.items() if k.startswith("cell_")}
+
+
+def cli(project: Path, *args: str, timeout: int = 600):
+    """`python -m safetyrepro ...` with the copy's package (what its jobs run)."""
+    return subprocess.run([sys.executable, "-m", "safetyrepro", *args], env=env_for(project), cwd=project,
+                          capture_output=True, text=True, timeout=timeout)

@@ -1,34 +1,67 @@
 """The thin client side of a cell job: hand the cell to the persistent worker of its model.
 
-Imported by every Snakemake cell job, so it must stay light (no torch, no pandas)."""
+Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...`` with the worker's
+state dir, key and idle timeout already resolved by the workflow plan, so the client imports
+neither torch, pandas nor the config validator: its start-up is a few tens of milliseconds.
+(`safetyrepro run-cell --worker` resolves the same values from the config and calls
+:func:`send_cell`.)"""
 
 from __future__ import annotations
 
-from .config import load_config
-from .hashing import canonical_hash
+import argparse
+import json
+import sys
 
 
-def worker_key(cfg, model: str, quantization: str) -> str:
-    """One worker per (model, quantization, model source): a changed source loads afresh."""
-    from .worker.state import make_key
+def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
+              cell: str, seed: int, out: str, quantization: str) -> dict:
+    from .worker.client import run_in_worker
 
-    return make_key(model, quantization, canonical_hash(cfg.model(model)["source"])[:12])
+    return run_in_worker(
+        state_dir, key,
+        "safetyrepro.cells:load_for_worker",
+        {"config": config, "model": model, "quantization": quantization},
+        "safetyrepro.cells:run_cell_in_worker",
+        {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
+         "out": out, "quantization": quantization},
+        idle_timeout=idle_timeout,
+        label=f"{model}/{benchmark}/{cell}/s{seed} ({quantization})",
+    )
 
 
 def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
                         quantization: str | None = None) -> dict:
-    from .worker.client import run_in_worker
-    from .worker.state import default_state_dir
+    """Resolve the worker from the config (validated), then :func:`send_cell`."""
+    from .config import load_config
+    from .plan import Plan
 
-    cfg = load_config(config)
-    quant = quantization or cfg.model(model).get("quantization", "nf4")
-    return run_in_worker(
-        default_state_dir(cfg.results_dir), worker_key(cfg, model, quant),
-        "safetyrepro.cells:load_for_worker",
-        {"config": config, "model": model, "quantization": quant},
-        "safetyrepro.cells:run_cell_in_worker",
-        {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
-         "out": out, "quantization": quant},
-        idle_timeout=cfg.section("runtime").get("worker_idle_timeout_s", 120),
-        label=f"{model}/{benchmark}/{cell}/s{seed} ({quant})",
-    )
+    plan = Plan(load_config(config))
+    quant = quantization or plan.quantization(model)
+    return send_cell(state_dir=str(plan.worker_state_dir), key=plan.worker_key(model, quant),
+                     idle_timeout=plan.worker_idle_timeout, config=config, model=model,
+                     benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m safetyrepro.cell_client",
+                                 description="Run one cell in its model's persistent worker.")
+    for name in ("state-dir", "key", "config", "model", "benchmark", "cell", "out", "quantization"):
+        ap.add_argument(f"--{name}", required=True)
+    ap.add_argument("--idle-timeout", type=float, required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    a = ap.parse_args(argv)
+    from .errors import SafetyReproError
+
+    try:
+        summary = send_cell(state_dir=a.state_dir, key=a.key, idle_timeout=a.idle_timeout, config=a.config,
+                            model=a.model, benchmark=a.benchmark, cell=a.cell, seed=a.seed, out=a.out,
+                            quantization=a.quantization)
+    except SafetyReproError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

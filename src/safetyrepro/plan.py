@@ -81,6 +81,23 @@ class Plan:
     def quantization(self, model: str, variant: str = "main") -> str:
         return "bf16" if variant == "bf16" else self.cfg.model(model).get("quantization", "nf4")
 
+    # ---- model workers --------------------------------------------------------------------
+    @property
+    def worker_state_dir(self) -> Path:
+        from .worker.state import default_state_dir
+
+        return default_state_dir(self.results)
+
+    @property
+    def worker_idle_timeout(self) -> float:
+        return float(self.cfg.section("runtime").get("worker_idle_timeout_s", 120))
+
+    def worker_key(self, model: str, quantization: str) -> str:
+        """One worker per (model, quantization, model source): a changed source loads afresh."""
+        from .worker.state import make_key
+
+        return make_key(model, quantization, self.source_fingerprint(model)[:12])
+
     # ---- fingerprints ---------------------------------------------------------------------
     @functools.cached_property
     def inference_code(self) -> str:

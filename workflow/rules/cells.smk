@@ -14,14 +14,16 @@ for _rank, _model in enumerate(RUN.models):
             f"{RESULTS}/shards/{_model}/{{benchmark}}/{{config}}/s{{seed}}.parquet",
         params:
             model=_model,
+            quant=PLAN.quantization(_model, "main"),
+            key=PLAN.worker_key(_model, PLAN.quantization(_model, "main")),
             fingerprint=cell_fingerprint(_model, "main"),
         priority: 2 * (len(RUN.models) - _rank)
         resources:
             gpu=1,
             mem_mb=4000,
         shell:
-            "{SR} run-cell --config {CONFIG_PATH} --model {params.model} --benchmark {wildcards.benchmark}"
-            " --cell {wildcards.config} --seed {wildcards.seed} --out {output} --worker"
+            "{CELL} --key {params.key} --quantization {params.quant} --config {CONFIG_PATH} --model {params.model}"
+            " --benchmark {wildcards.benchmark} --cell {wildcards.config} --seed {wildcards.seed} --out {output}"
 
     rule:
         name:
@@ -32,11 +34,13 @@ for _rank, _model in enumerate(RUN.models):
             f"{RESULTS}/shards_bf16/{_model}/{{benchmark}}/{{config}}/s{{seed}}.parquet",
         params:
             model=_model,
+            quant=PLAN.quantization(_model, "bf16"),
+            key=PLAN.worker_key(_model, PLAN.quantization(_model, "bf16")),
             fingerprint=cell_fingerprint(_model, "bf16"),
         priority: 2 * (len(RUN.models) - _rank) - 1
         resources:
             gpu=1,
             mem_mb=4000,
         shell:
-            "{SR} run-cell --config {CONFIG_PATH} --model {params.model} --benchmark {wildcards.benchmark}"
-            " --cell {wildcards.config} --seed {wildcards.seed} --out {output} --quantization bf16 --worker"
+            "{CELL} --key {params.key} --quantization {params.quant} --config {CONFIG_PATH} --model {params.model}"
+            " --benchmark {wildcards.benchmark} --cell {wildcards.config} --seed {wildcards.seed} --out {output}"

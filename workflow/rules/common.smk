@@ -25,6 +25,9 @@ PLAN = Plan(RUN)
 RUN_T0 = time.time()
 RESULTS = str(PLAN.results)
 SR = f'"{sys.executable}" -m safetyrepro'  # the package CLI, in this interpreter's env
+# The cell jobs' thin worker client (no torch/pandas/config validation at start-up).
+CELL = (f'"{sys.executable}" -m safetyrepro.cell_client --state-dir "{PLAN.worker_state_dir}"'
+        f" --idle-timeout {PLAN.worker_idle_timeout}")
 
 
 wildcard_constraints:

@@ -1,9 +1,21 @@
 """Models: preparation (download / verify / convert, :mod:`.prepare`), loading with a
-quantisation on a device (:mod:`.load`) and chat formatting (:mod:`.chat`)."""
+quantisation on a device (:mod:`.load`) and chat formatting (:mod:`.chat`).
 
-from .chat import format_prompt, format_prompt_parts
-from .load import LoadedModel, load_model
-from .prepare import prepare_model, weights_hash
+Names are imported lazily so that the CLI (which registers the model commands) starts
+without torch or transformers."""
 
-__all__ = ["prepare_model", "weights_hash", "load_model", "LoadedModel", "format_prompt",
-           "format_prompt_parts"]
+import importlib
+
+_EXPORTS = {
+    "format_prompt": "chat", "format_prompt_parts": "chat",
+    "LoadedModel": "load", "load_model": "load",
+    "prepare_model": "prepare", "weights_hash": "prepare",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
