@@ -7,6 +7,7 @@
 # The config file is --configfile (default: config/config.yaml, see common.smk); it is
 # validated against config/schema/config.schema.json before any job starts.
 
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/data.smk"
@@ -17,6 +18,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True

@@ -133,9 +133,10 @@ def run_workflow(
     ]
     if snakefile is not None:
         command += ["--snakefile", str(snakefile)]
+    # targets/extra args before --configfile, which takes every following word as a file
+    command += list(extra_args)
     if configfile is not None:
         command += ["--configfile", str(configfile)]
-    command += list(extra_args)
     proc = subprocess.run(
         command,
         cwd=workdir,

@@ -89,3 +89,50 @@ def test_smoke_workflow_runs_through_slurm(tmp_path):
     assert again.returncode == 0, again.describe()
     assert again.submitted == {}, again.describe()
     assert "Nothing to be done" in again.output, again.describe()
+
+
+def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
+    """The project's own workflow on a micro config (SmolLM2 fp32 vs NF4, XSTest, 2 items, T1,
+    greedy, 0 shots, both scoring paths): every job is a Slurm job, cells request the GPU."""
+    import pyarrow.parquet as pq
+    import yaml
+
+    from safetyrepro.cells import read_shard
+    from workflow_support import make_project_copy
+
+    env_rules = {
+        "rules_version": 1,
+        "axes": {"template": [{"id": "T1", "name": "minimal", "tier": "core"}],
+                 "decoding": [{"id": "greedy", "temperature": 0.0, "sampled": False, "tier": "core"}],
+                 "shots": [{"id": "k0", "n": 0, "tier": "core"}],
+                 "scoring": [{"id": "freeform", "tier": "core"}, {"id": "logprob", "tier": "core"}]},
+        "seeds": {"sampled": 1, "deterministic": 1}, "validity": [],
+        "sub_envelopes": {"full": {}, "conservative_core": {"include": {"scoring": ["freeform"]}}},
+        "benchmarks": ["xstest"],
+    }
+    project, config = make_project_copy(tmp_path / "p", {
+        "benchmarks": {"xstest": {"n_items": 2}},
+        "envelope": {"rules": "tests/configs/envelope_micro.yaml", "name": "full"},
+        "analysis": {"precision_check": False},
+    })
+    (project / "tests" / "configs" / "envelope_micro.yaml").write_text(yaml.safe_dump(env_rules))
+    monkeypatch.setenv("PYTHONPATH", str(project / "src"))
+    run = run_workflow(project, config, ["results/tables/rho_flip.parquet"], timeout_s=600)
+    assert run.returncode == 0, run.describe()
+    cell_jobs = {rule: ids for rule, ids in run.submitted.items() if rule.startswith("cell_")}
+    assert sum(len(v) for v in cell_jobs.values()) == 4, run.submitted
+    for ids in cell_jobs.values():
+        for job_id in ids:
+            job = scontrol_job(job_id)
+            assert job["JobState"] == "COMPLETED" and "gpu" in job.get("TresPerJob", ""), job
+    shards = sorted((project / "results" / "shards").rglob("*.parquet"))
+    assert len(shards) == 4
+    for s in shards:
+        table, meta = read_shard(s)
+        assert table.num_rows == 2 and meta["benchmark"] == "xstest"
+    rho = pq.read_table(project / "results" / "tables" / "rho_flip.parquet").to_pandas()
+    assert len(rho) == 1 and rho["n_configs"].iloc[0] == 2
+    from safetyrepro.worker.client import stop_workers
+    from safetyrepro.worker.state import default_state_dir
+
+    stop_workers(default_state_dir(project / "results"))

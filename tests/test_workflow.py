@@ -182,7 +182,7 @@ def test_missing_model_fails_only_its_jobs(tmp_path):
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     good = "results/shards/smol-fp32/xstest/T1-greedy-k0-logprob/s0.parquet"
     bad = "results/shards/ghost/xstest/T1-greedy-k0-logprob/s0.parquet"
-    r = snakemake(project, config, "--keep-going", good, bad)
+    r = snakemake(project, config, "--keep-going", good, bad)  # relative targets, as a user types them
     assert r.returncode != 0
     assert (project / good).exists() and not (project / bad).exists()
     log = (project / "results" / "logs" / "prepare_model" / "ghost.log").read_text()

@@ -1,8 +1,9 @@
 """The thin client side of a cell job: hand the cell to the persistent worker of its model.
 
-Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...`` with the worker's
-state dir, key and idle timeout already resolved by the workflow plan, so the client imports
-neither torch, pandas nor the config validator: its start-up is a few tens of milliseconds.
+Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...`` with the worker key
+already resolved by the workflow plan (the idle timeout comes from the environment variable
+SAFETYREPRO_WORKER_IDLE_S, set by the workflow's shell prefix), so the client imports neither
+torch, pandas nor the config validator: its start-up is a few tens of milliseconds.
 (`safetyrepro run-cell --worker` resolves the same values from the config and calls
 :func:`send_cell`.)"""
 
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+IDLE_ENV = "SAFETYREPRO_WORKER_IDLE_S"
 
 
 def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
@@ -45,17 +49,21 @@ def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, s
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m safetyrepro.cell_client",
                                  description="Run one cell in its model's persistent worker.")
-    for name in ("state-dir", "key", "config", "model", "benchmark", "cell", "out", "quantization"):
+    for name in ("results-dir", "key", "config", "model", "benchmark", "cell", "out", "quantization"):
         ap.add_argument(f"--{name}", required=True)
-    ap.add_argument("--idle-timeout", type=float, required=True)
     ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--idle-timeout", type=float, default=float(os.environ.get(IDLE_ENV, "120")),
+                    help=f"worker idle timeout in seconds (default: ${IDLE_ENV} or 120)")
     a = ap.parse_args(argv)
     from .errors import SafetyReproError
+    from .worker.state import default_state_dir
 
+    state_dir = str(default_state_dir(os.path.abspath(a.results_dir)))
     try:
-        summary = send_cell(state_dir=a.state_dir, key=a.key, idle_timeout=a.idle_timeout, config=a.config,
-                            model=a.model, benchmark=a.benchmark, cell=a.cell, seed=a.seed, out=a.out,
-                            quantization=a.quantization)
+        summary = send_cell(state_dir=state_dir, key=a.key, idle_timeout=a.idle_timeout,
+                            config=os.path.abspath(a.config),
+                            model=a.model, benchmark=a.benchmark, cell=a.cell, seed=a.seed,
+                            out=os.path.abspath(a.out), quantization=a.quantization)
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

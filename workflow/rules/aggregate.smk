@@ -4,31 +4,41 @@
 
 rule aggregate:
     input:
-        shards=PLAN.shards("main"),
+        shards=[rel(p) for p in PLAN.shards("main")],
     output:
         cell_scores=f"{RESULTS}/tables/cell_scores.parquet",
         cell_scores_csv=f"{RESULTS}/tables/cell_scores.csv",
         item_results=f"{RESULTS}/tables/item_results.parquet",
         provenance=f"{RESULTS}/tables/provenance.json",
-    params:
-        scoring=PLAN.scoring_code,
     log:
         f"{RESULTS}/logs/aggregate.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output.cell_scores),
+        config=CONFIG,
+        scoring=PLAN.scoring_code,
     shell:
-        "{SR} aggregate --config {CONFIG_PATH} --variant main --out-dir {RESULTS}/tables 2> {log}"
+        '"$PY" -m safetyrepro aggregate --config {params.config} --variant main'
+        " --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule aggregate_bf16:
     input:
-        shards=PLAN.shards("bf16"),
+        shards=[rel(p) for p in PLAN.shards("bf16")],
     output:
         cell_scores=f"{RESULTS}/tables/cell_scores_bf16.parquet",
-    params:
-        scoring=PLAN.scoring_code,
     log:
         f"{RESULTS}/logs/aggregate_bf16.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output.cell_scores),
+        config=CONFIG,
+        scoring=PLAN.scoring_code,
     shell:
-        "{SR} aggregate --config {CONFIG_PATH} --variant bf16 --out-dir {RESULTS}/tables 2> {log}"
+        '"$PY" -m safetyrepro aggregate --config {params.config} --variant bf16'
+        " --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule rho_flip:
@@ -39,5 +49,7 @@ rule rho_flip:
         csv=f"{RESULTS}/tables/rho_flip.csv",
     log:
         f"{RESULTS}/logs/rho_flip.log",
+    conda:
+        ENV
     shell:
-        "{SR} rho-flip {input} --out {output.pairs} 2> {log}"
+        '"$PY" -m safetyrepro rho-flip {input} --out {output.pairs} > {log} 2>&1'

@@ -1,5 +1,6 @@
 # Shared set-up: validate the config against config/schema, build the plan, and define the
 # input functions and wildcard constraints every other rule file uses.
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,11 @@ from safetyrepro.plan import Plan
 
 if len(workflow.configfiles) > 1:
     sys.exit("error: pass exactly one --configfile (jobs read that one file)")
-CONFIG_PATH = str(Path(workflow.configfiles[0] if workflow.configfiles else "config/config.yaml").resolve())
+CONFIG_PATH = str(
+    Path(
+        workflow.configfiles[0] if workflow.configfiles else "config/config.yaml"
+    ).resolve()
+)
 try:
     RUN = load_config(CONFIG_PATH)
     if config and config_from_dict(config, CONFIG_PATH).data != RUN.data:
@@ -23,11 +28,26 @@ except SafetyReproError as exc:
 
 PLAN = Plan(RUN)
 RUN_T0 = time.time()
-RESULTS = str(PLAN.results)
-SR = f'"{sys.executable}" -m safetyrepro'  # the package CLI, in this interpreter's env
-# The cell jobs' thin worker client (no torch/pandas/config validation at start-up).
-CELL = (f'"{sys.executable}" -m safetyrepro.cell_client --state-dir "{PLAN.worker_state_dir}"'
-        f" --idle-timeout {PLAN.worker_idle_timeout}")
+
+
+def rel(path):
+    """Paths under the working directory are given relative to it, so targets such as
+    `snakemake results/tables/cell_scores.parquet` match the rules' outputs."""
+    path = os.path.abspath(path)
+    inside = os.path.commonpath([path, os.getcwd()]) == os.getcwd()
+    return os.path.relpath(path) if inside else path
+
+
+RESULTS = rel(PLAN.results)
+CONFIG = rel(CONFIG_PATH)
+ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
+
+# Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...);
+# the cell jobs' worker client reads the worker idle timeout from the environment.
+shell.prefix(
+    f'set -euo pipefail; PY="{sys.executable}"; '
+    f"export SAFETYREPRO_WORKER_IDLE_S={PLAN.worker_idle_timeout}; "
+)
 
 
 wildcard_constraints:
@@ -46,14 +66,35 @@ def all_targets():
     return targets
 
 
+TABLES = f"{RESULTS}/tables"
+PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
+FIGURES = ["rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"]
+
+
+def analysis_targets():
+    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES]
+    targets += [
+        f"{TABLES}/{t}.parquet"
+        for t in ("anova", "shap", "robustness", "subsample_stability")
+    ]
+    targets += [f"{RESULTS}/cards/index.json", f"{RESULTS}/report.md"]
+    targets += [f"{RESULTS}/figures/{f}.png" for f in FIGURES]
+    if PLAN.precision_check:
+        targets.append(f"{TABLES}/precision.parquet")
+    return targets
+
+
+ANALYSIS = RUN.section("analysis")
+
+
 def cell_inputs(model):
     """An input function for one model's cell rule: item subset, few-shot pool, prepared model."""
 
     def inputs(wildcards):
         return {
-            "subset": str(PLAN.items_path(wildcards.benchmark)),
-            "fewshot": str(PLAN.fewshot_path(wildcards.benchmark)),
-            "model": str(PLAN.model_marker(model)),
+            "subset": rel(PLAN.items_path(wildcards.benchmark)),
+            "fewshot": rel(PLAN.fewshot_path(wildcards.benchmark)),
+            "model": rel(PLAN.model_marker(model)),
         }
 
     return inputs
@@ -63,7 +104,9 @@ def cell_fingerprint(model, variant):
     """A params function for one model's cell rule (bound here, not in a loop lambda)."""
 
     def fingerprint(wildcards):
-        return PLAN.cell_fingerprint(model, wildcards.benchmark, wildcards.config, int(wildcards.seed), variant)
+        return PLAN.cell_fingerprint(
+            model, wildcards.benchmark, wildcards.config, int(wildcards.seed), variant
+        )
 
     return fingerprint
 

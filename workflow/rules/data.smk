@@ -5,10 +5,15 @@ rule items:
     output:
         subset=f"{RESULTS}/items/{{benchmark}}.parquet",
         fewshot=f"{RESULTS}/items/{{benchmark}}.fewshot.parquet",
-    params:
-        fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
-    priority: 100  # before any cell, so each model's cells then run back to back
     log:
         f"{RESULTS}/logs/items/{{benchmark}}.log",
+    priority: 100  # before any cell, so each model's cells then run back to back
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output.subset),
+        config=CONFIG,
+        fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
     shell:
-        "{SR} items --config {CONFIG_PATH} --benchmark {wildcards.benchmark} 2> {log}"
+        '"$PY" -m safetyrepro items --config {params.config} --benchmark {wildcards.benchmark}'
+        " --out-dir {params.out_dir} > {log} 2>&1"

@@ -4,10 +4,14 @@
 rule prepare_model:
     output:
         f"{RESULTS}/models/{{model}}.json",
-    params:
-        fingerprint=lambda w: PLAN.source_fingerprint(w.model),
-    priority: 100  # before any cell, so each model's cells then run back to back
     log:
         f"{RESULTS}/logs/prepare_model/{{model}}.log",
+    priority: 100  # before any cell, so each model's cells then run back to back
+    conda:
+        ENV
+    params:
+        config=CONFIG,
+        fingerprint=lambda w: PLAN.source_fingerprint(w.model),
     shell:
-        "{SR} prepare-model --config {CONFIG_PATH} --model {wildcards.model} --marker {output} 2> {log}"
+        '"$PY" -m safetyrepro prepare-model --config {params.config} --model {wildcards.model}'
+        " --marker {output} 2> {log}"

@@ -3,24 +3,57 @@
 
 rule figures:
     input:
-        [f"{TABLES}/{t}.parquet" for t in ("table2", "table4", "anova", "shap", "robustness", "robustness_regression")],
+        tables=[
+            f"{TABLES}/{t}.parquet"
+            for t in (
+                "table2",
+                "table4",
+                "anova",
+                "shap",
+                "robustness",
+                "robustness_regression",
+            )
+        ],
     output:
-        [report(f"{RESULTS}/figures/{f}.png", caption=f"../report/fig_{f}.rst", category="Figures") for f in FIGURES],
+        [
+            report(
+                f"{RESULTS}/figures/{f}.png",
+                caption=f"../report/fig_{f}.rst",
+                category="Figures",
+            )
+            for f in FIGURES
+        ],
     log:
         f"{RESULTS}/logs/figures.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
     shell:
-        "{SR} analyze figures {TABLES} --out-dir {RESULTS}/figures > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze figures {params.tables_dir}'
+        " --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule report_md:
     input:
-        [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES + ["anova", "shap", "robustness", "subsample_stability"]],
-        [f"{RESULTS}/figures/{f}.png" for f in FIGURES],
         f"{RESULTS}/cards/index.json",
         [f"{TABLES}/precision.parquet"] if PLAN.precision_check else [],
+        tables=[
+            f"{TABLES}/{t}.parquet"
+            for t in PAPER_TABLES
+            + ["anova", "shap", "robustness", "subsample_stability"]
+        ],
+        figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],
     output:
         f"{RESULTS}/report.md",
     log:
         f"{RESULTS}/logs/report_md.log",
+    conda:
+        ENV
+    params:
+        tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
+        figures_dir=lambda w, input: os.path.dirname(input.figures[0]),
     shell:
-        "{SR} analyze report-md {TABLES} --figures-dir {RESULTS}/figures --out {output} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze report-md {params.tables_dir}'
+        " --figures-dir {params.figures_dir} --out {output} > {log} 2>&1"
