@@ -203,6 +203,8 @@ def test_killed_run_resumes_without_loss(tmp_path):
     proc.wait()
     n_before = len(list(shards.rglob("*.parquet")))
     assert 5 <= n_before < 64
+    # what a user does after a crash or kill: release Snakemake's lock, then run again
+    assert snakemake(project, config, "--unlock").returncode == 0
     r = snakemake(project, config, *target)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     files = sorted(shards.rglob("*.parquet"))
