@@ -168,8 +168,33 @@ def _shard_schema():
 SHARD_SCHEMA = _shard_schema()
 
 
+SEED_CACHE_MAX = 4096  # configs with seeds still to hand out (outputs are small text)
+
+
+def _sampled_generations(lm, spec, prompts, seeds, kw) -> list:
+    """Generations of one seed of a sampled config. All seeds of the config are generated in
+    one pass (one prefill, one decode per seed) the first time any of them is asked for; the
+    others wait in memory until their jobs come, in whatever order the scheduler sends them.
+    A seed is handed out once; asking again (a rerun) generates afresh, with the same result,
+    since each seed drives its own generator."""
+    from .inference import generate_multi_seed
+
+    key = (spec.model, spec.quantization, spec.benchmark, spec.config_id, canonical_hash(prompts),
+           canonical_hash(kw | {"progress": None}))
+    pending = _SEED_CACHE.get(key)
+    if pending is None or spec.seed not in pending:
+        pending = generate_multi_seed(lm, prompts, seeds, **kw)
+        _SEED_CACHE[key] = pending
+        while len(_SEED_CACHE) > SEED_CACHE_MAX:  # oldest first
+            _SEED_CACHE.pop(next(iter(_SEED_CACHE)))
+    gens = pending.pop(spec.seed)
+    if not pending:
+        del _SEED_CACHE[key]
+    return gens
+
+
 def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress):
-    from .inference import generate, generate_multi_seed
+    from .inference import generate
     from .models import format_prompt
 
     prompts = [format_prompt(lm.tokenizer, task.build_messages(it, c.template, fewshot)) for it in items]
@@ -177,14 +202,7 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress):
     kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template), temperature=dec["temperature"],
               top_p=dec.get("top_p", 1.0), batch_size=cfg.data["generation"]["batch_size"], progress=progress)
     if dec["sampled"]:
-        key = (spec.model, spec.quantization, spec.benchmark, spec.config_id, canonical_hash(prompts),
-               canonical_hash(kw | {"progress": None}))
-        cached = _SEED_CACHE.get(key)
-        if cached is None or spec.seed not in cached:
-            seeds = list(range(cfg.n_seeds(c.decoding)))
-            _SEED_CACHE.clear()  # keep at most one config's seeds in memory
-            cached = _SEED_CACHE[key] = generate_multi_seed(lm, prompts, seeds, **kw)
-        gens = cached.pop(spec.seed)
+        gens = _sampled_generations(lm, spec, prompts, list(range(cfg.n_seeds(c.decoding))), kw)
     else:
         gens = generate(lm, prompts, seed=spec.seed, **kw)
     rows = []
