@@ -17,8 +17,9 @@
   ``max_new_tokens``. ``finish_reason`` is ``"eos"`` for the first two, ``"length"`` otherwise.
   ``n_gen_tokens`` counts generated tokens including the stop token; ``text`` excludes the stop
   token/marker and special tokens. Finished rows leave the batch (their cache rows are dropped).
-* :func:`generate_multi_seed` prefills each batch once and forks the prefilled cache for each
-  seed's decode; its outputs are identical to separate :func:`generate` calls.
+* :func:`generate_multi_seed` prefills each batch once, repeats the prefilled rows once per
+  seed and decodes all seeds in one batch; its outputs are identical to separate
+  :func:`generate` calls (each row has its own (seed, prompt) generator).
 * ``latency_s``: seconds from the start of the item's batch prefill until the item stopped
   (for multi-seed: the shared prefill time plus that seed's decode time). The one-off shared
   prefix prefill is not attributed to items.
@@ -57,7 +58,10 @@ def item_seed(seed: int, prompt: str) -> int:
 
 
 class _Sampler:
-    def __init__(self, temperature: float, top_p: float, seed: int, prompts: list[str]):
+    """Per-row sampling; row r draws from its own generator seeded by (seed_r, prompt_r)."""
+
+    def __init__(self, temperature: float, top_p: float, seed: int, prompts: list[str],
+                 seeds: list[int] | None = None):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if not 0 < top_p <= 1:
@@ -65,7 +69,8 @@ class _Sampler:
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.gens = None
         if self.temperature > 0:
-            self.gens = [torch.Generator().manual_seed(item_seed(seed, p)) for p in prompts]
+            row_seeds = seeds if seeds is not None else [seed] * len(prompts)
+            self.gens = [torch.Generator().manual_seed(item_seed(s, p)) for s, p in zip(row_seeds, prompts)]
 
     def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
         if self.gens is None:
@@ -174,17 +179,25 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                 t0 = time.perf_counter()
                 cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows])
                 t_pre = time.perf_counter() - t0
-                per_seed = {}
-                for s in decode_seeds:
-                    t1 = time.perf_counter()
-                    sampler = _Sampler(temperature, top_p, s, [prompts[i] for i in rows])
-                    c = fork_cache(cache) if len(decode_seeds) > 1 else cache
-                    gens = _decode(lm, c, mask, logits, sampler, max_new_tokens=max_new_tokens,
-                                   n_prompt=[len(enc[i]) for i in rows], t0=t1)
-                    for g in gens:
-                        g.latency_s = round(g.latency_s + t_pre, 6)
-                    per_seed[s] = gens
-                    bar.update(len(rows))
+                # All seeds decode together: the batch's prefilled rows are repeated once per
+                # seed (seed-major), so each decode step is one forward over len(rows) x seeds
+                # rows instead of one per seed. Each row keeps its own (seed, prompt) generator,
+                # so outputs equal separate per-seed runs.
+                n, n_seeds = len(rows), len(decode_seeds)
+                t1 = time.perf_counter()
+                if n_seeds > 1:
+                    rep = torch.arange(n, device=mask.device).repeat(n_seeds)
+                    c, m, lg = fork_cache(cache, rows=rep), mask.index_select(0, rep), logits.index_select(0, rep)
+                else:
+                    c, m, lg = cache, mask, logits
+                sampler = _Sampler(temperature, top_p, 0, [prompts[i] for i in rows] * n_seeds,
+                                   seeds=[s for s in decode_seeds for _ in rows])
+                gens = _decode(lm, c, m, lg, sampler, max_new_tokens=max_new_tokens,
+                               n_prompt=[len(enc[i]) for i in rows] * n_seeds, t0=t1)
+                for g in gens:
+                    g.latency_s = round(g.latency_s + t_pre, 6)
+                bar.update(n * n_seeds)
+                per_seed = {s: gens[k * n:(k + 1) * n] for k, s in enumerate(decode_seeds)}
                 return {i: {s: per_seed[s][j] for s in decode_seeds} for j, i in enumerate(rows)}
 
             for rows in length_batches([len(e) for e in enc], batch_size):
