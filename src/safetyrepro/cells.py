@@ -148,8 +148,13 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
     }
     table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
     write_parquet(table, out, meta)
+    import resource
+
     return {"out": str(out), "n_items": len(rows), "wall_s": wall,
-            "accuracy": sum(r["correct"] for r in rows) / max(len(rows), 1)}
+            "accuracy": sum(r["correct"] for r in rows) / max(len(rows), 1),
+            "tokens": sum((r["n_prompt_tokens"] or 0) + (r["n_gen_tokens"] or 0) for r in rows),
+            "generated_tokens": sum(r["n_gen_tokens"] or 0 for r in rows),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _shard_schema():

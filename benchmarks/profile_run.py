@@ -1,0 +1,137 @@
+"""Whole-run profile of a finished workflow run (issue 7, benchmark 4).
+
+Reads what a run leaves behind — the Snakemake log, the model workers' event log and the cell
+logs — and prints: wall time, time per stage (rule), model loads and the load share, tokens
+processed per second by the cell jobs, the workers' peak memory, and Snakemake's scheduling
+overhead per job (wall time not spent inside any job, divided by the number of jobs).
+
+    .venv/bin/python benchmarks/profile_run.py --results results [--log .snakemake/log/<file>]
+
+Without --log the newest Snakemake log is used. Times in the Snakemake log have one-second
+resolution, so per-rule sums are exact to about a second per job boundary; the worker event
+log (cell call and load times) has microsecond resolution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
+START = re.compile(r"^(?:local)?rule ([\w.+-]+):$")
+JOBID = re.compile(r"^\s+jobid: (\d+)$")
+DONE = re.compile(r"^Finished jobid: (\d+) \(Rule: ([\w.+-]+)\)$")
+
+
+def parse_log(path: Path) -> dict:
+    now = None
+    pending_rule = None
+    starts, ends, rule_of = {}, {}, {}
+    first = last = None
+    for line in path.read_text(errors="replace").splitlines():
+        m = STAMP.match(line.strip())
+        if m:
+            now = dt.datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y").timestamp()
+            first = now if first is None else first
+            last = now
+            continue
+        m = START.match(line.strip())
+        if m:
+            pending_rule = m.group(1)
+            continue
+        m = JOBID.match(line)
+        if m and pending_rule is not None:
+            starts[int(m.group(1))] = now
+            rule_of[int(m.group(1))] = pending_rule
+            pending_rule = None
+            continue
+        m = DONE.match(line.strip())
+        if m:
+            ends[int(m.group(1))] = now
+    per_rule = defaultdict(lambda: [0, 0.0])
+    for j, t0 in starts.items():
+        if j in ends and t0 is not None:
+            rule = rule_of[j]
+            stage = "cell" if rule.startswith("cell_") and not rule.startswith("cell_bf16_") else (
+                "cell_bf16" if rule.startswith("cell_bf16_") else rule)
+            per_rule[stage][0] += 1
+            per_rule[stage][1] += ends[j] - t0
+    return {"first": first, "last": last, "per_stage": dict(per_rule), "n_jobs": len(ends)}
+
+
+def cell_stats(results: Path) -> dict:
+    tokens = gen = 0
+    rss = 0.0
+    n = 0
+    for f in (results / "logs" / "cells").rglob("*.log"):
+        for line in f.read_text(errors="replace").splitlines():
+            if line.startswith("{") and '"tokens"' in line:
+                d = json.loads(line)
+                tokens += d.get("tokens", 0)
+                gen += d.get("generated_tokens", 0)
+                rss = max(rss, d.get("peak_rss_mb", 0.0))
+                n += 1
+    return {"cells": n, "tokens": tokens, "generated_tokens": gen, "peak_rss_mb": rss}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", default=str(ROOT / "results"))
+    ap.add_argument("--log", default=None, help="Snakemake log (default: the newest)")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    results = Path(a.results)
+    log = Path(a.log) if a.log else max((ROOT / ".snakemake" / "log").glob("*.snakemake.log"),
+                                         key=lambda p: p.stat().st_mtime)
+    from safetyrepro.worker.events import event_files, summarize_events
+
+    parsed = parse_log(log)
+    wall = (parsed["last"] or 0) - (parsed["first"] or 0)
+    workers = summarize_events(event_files(results), since=parsed["first"], wall_seconds=wall)
+    cells = cell_stats(results)
+    in_jobs = sum(v[1] for v in parsed["per_stage"].values())
+    out = {
+        "log": str(log), "wall_s": wall, "jobs": parsed["n_jobs"],
+        "per_stage": {k: {"jobs": v[0], "seconds": v[1]} for k, v in sorted(parsed["per_stage"].items())},
+        "model_loads": workers["loads"], "max_loads_per_worker": workers["max_loads_per_key"],
+        "load_seconds": workers["load_seconds"], "load_share": workers["load_share"],
+        "cell_call_seconds": workers["call_seconds"],
+        "tokens_per_s_in_cells": cells["tokens"] / workers["call_seconds"] if workers["call_seconds"] else None,
+        "generated_tokens": cells["generated_tokens"], "tokens": cells["tokens"],
+        "worker_peak_rss_mb": cells["peak_rss_mb"],
+        "scheduling_overhead_per_job_s": (wall - in_jobs) / parsed["n_jobs"] if parsed["n_jobs"] else None,
+        "client_overhead_per_cell_s": ((parsed["per_stage"].get("cell", [0, 0])[1]
+                                        + parsed["per_stage"].get("cell_bf16", [0, 0])[1]
+                                        - workers["call_seconds"] - workers["load_seconds"])
+                                       / max(1, parsed["per_stage"].get("cell", [0])[0]
+                                             + parsed["per_stage"].get("cell_bf16", [0])[0])),
+    }
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"log: {log}")
+    print(f"wall time: {wall:.0f} s ({wall / 60:.1f} min), {out['jobs']} jobs")
+    print(f"{'stage':<22} {'jobs':>6} {'seconds':>9} {'share':>7}")
+    for k, v in out["per_stage"].items():
+        print(f"{k:<22} {v['jobs']:>6} {v['seconds']:>9.0f} {v['seconds'] / wall:>7.1%}")
+    print(f"model loads: {out['model_loads']} (max {out['max_loads_per_worker']} per worker), "
+          f"{out['load_seconds']:.1f} s = {out['load_share']:.1%} of wall time")
+    print(f"cell compute inside workers: {out['cell_call_seconds']:.0f} s; "
+          f"{out['tokens']:,} tokens processed ({out['generated_tokens']:,} generated), "
+          f"{out['tokens_per_s_in_cells'] or 0:,.0f} tokens/s")
+    print(f"worker peak memory (max RSS): {out['worker_peak_rss_mb']:.0f} MB")
+    print(f"Snakemake scheduling overhead: {out['scheduling_overhead_per_job_s']:.3f} s per job; "
+          f"client + IPC per cell job: {out['client_overhead_per_cell_s']:.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
