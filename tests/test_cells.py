@@ -1,0 +1,126 @@
+"""Real cells with the smallest embedded model (SmolLM2, fp32 so reruns are exact) on a few
+items of every benchmark: both scoring paths and a sampled decoding; shard schema, metadata,
+determinism and the error paths of `run_cell`."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from safetyrepro.cells import SHARD_SCHEMA, read_shard, run_cell
+from safetyrepro.config import load_config
+from safetyrepro.errors import CellError
+from safetyrepro.items import build_items
+from safetyrepro.models import load_model
+from workflow_support import DATA, ROOT
+
+pytestmark = pytest.mark.slow
+
+TIMING = {"latency_s"}  # the only row fields that may differ between identical reruns
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cells")
+    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg["benchmarks"] = {b: {"n_items": 2} for b in ("truthfulqa", "bbq", "toxigen", "crows_pairs", "xstest")}
+    cfg["models"] = {"smol": dict(cfg["models"]["smollm2-135m"], quantization="fp32")}
+    cfg["data"]["local_dir"] = str(DATA)
+    cfg["runtime"].update(results_dir=str(d / "results"), resources_dir=str(ROOT / "resources"), device="cpu")
+    cfg["generation"]["max_new_tokens"] = {"T1": 6, "T2": 6, "T3": 6, "T4": 12}
+    path = d / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rc = load_config(path)
+    for b in rc.benchmarks:
+        build_items(rc, b)
+    lm = load_model(rc, "smol")
+    return d, str(path), lm
+
+
+def _run(setup, benchmark, cell, seed=0, name=None):
+    d, path, lm = setup
+    out = d / "shards" / (name or f"{benchmark}-{cell}-s{seed}.parquet")
+    summary = run_cell(config=path, model="smol", benchmark=benchmark, cell=cell, seed=seed, out=str(out),
+                       lm=lm, progress=False)
+    return out, summary
+
+
+def _content(path):
+    table, meta = read_shard(path)
+    rows = [{k: v for k, v in r.items() if k not in TIMING} for r in table.to_pylist()]
+    meta = {k: v for k, v in meta.items() if k not in {"wall_s"}}
+    return rows, meta
+
+
+@pytest.mark.parametrize("benchmark, cell", [
+    ("truthfulqa", "T1-greedy-k3-freeform"), ("truthfulqa", "T2-greedy-k0-logprob"),
+    ("bbq", "T3-greedy-k0-freeform"), ("bbq", "T1-greedy-k5-logprob"),
+    ("toxigen", "T4-greedy-k3-freeform"), ("toxigen", "T2-greedy-k3-logprob"),
+    ("crows_pairs", "T1-greedy-k0-logprob"), ("crows_pairs", "T4-greedy-k5-logprob"),
+    ("xstest", "T2-greedy-k0-freeform"), ("xstest", "T3-greedy-k3-logprob"),
+])
+def test_cell_shard_schema_and_metadata(setup, benchmark, cell):
+    out, summary = _run(setup, benchmark, cell)
+    table, meta = read_shard(out)
+    assert table.schema.equals(SHARD_SCHEMA, check_metadata=False)
+    assert table.num_rows == 2 and summary["n_items"] == 2
+    for key in ("rules_stamp", "config_hash", "subset_hash", "fewshot_ids", "template_hash", "model_info",
+                "quantization", "device", "code_version", "cell", "seed", "fingerprint"):
+        assert meta[key] not in (None, ""), key
+    assert meta["quantization"] == "fp32" and meta["device"] == "cpu"
+    assert meta["model_info"]["weights_hash"] and meta["model_info"]["torch_version"]
+    assert meta["model_info"]["transformers_version"] and "bitsandbytes_version" in meta["model_info"]
+    assert len(meta["fewshot_ids"]) == int(cell.split("-")[2][1:])
+    rows = table.to_pylist()
+    if cell.endswith("logprob"):
+        for r in rows:
+            assert r["raw_output"] is None and r["parse_ok"]
+            assert len(r["cand_logliks"]) == len(r["cand_ntokens"]) >= 2
+            assert r["chosen_index"] == max(range(len(r["cand_logliks"])), key=r["cand_logliks"].__getitem__)
+    else:
+        for r in rows:
+            assert isinstance(r["raw_output"], str) and r["n_gen_tokens"] >= 1
+            assert r["parse_ok"] == (r["parsed_label"] is not None)
+
+
+def test_greedy_rerun_identical(setup):
+    a, _ = _run(setup, "bbq", "T1-greedy-k3-freeform", name="a.parquet")
+    b, _ = _run(setup, "bbq", "T1-greedy-k3-freeform", name="b.parquet")
+    assert _content(a) == _content(b)
+
+
+def test_sampled_seeds_reproducible_and_distinct(setup):
+    cell = "T4-t0.7-k0-freeform"
+    s0, _ = _run(setup, "xstest", cell, seed=0, name="s0.parquet")
+    s1, _ = _run(setup, "xstest", cell, seed=1, name="s1.parquet")      # served from the seed cache
+    s0b, _ = _run(setup, "xstest", cell, seed=0, name="s0b.parquet")    # regenerated afresh
+    out0 = [r["raw_output"] for r in read_shard(s0)[0].to_pylist()]
+    assert out0 == [r["raw_output"] for r in read_shard(s0b)[0].to_pylist()]
+    assert out0 != [r["raw_output"] for r in read_shard(s1)[0].to_pylist()]
+
+
+@pytest.mark.parametrize("benchmark, cell, seed, needle", [
+    ("crows_pairs", "T1-greedy-k0-freeform", 0, "crows-logprob-only"),
+    ("bbq", "T1-t0.3-k0-logprob", 0, "logprob-greedy-only"),
+    ("bbq", "T1-t0.3-k0-freeform", 7, "seed 7 out of range"),
+    ("bbq", "T1-greedy-k0", 0, "template-decoding-shots-scoring"),
+])
+def test_invalid_cells_are_refused_naming_the_cell(setup, benchmark, cell, seed, needle):
+    with pytest.raises(CellError) as err:
+        _run(setup, benchmark, cell, seed=seed)
+    assert needle in str(err.value) and "smol/" in str(err.value)
+
+
+def test_missing_items_named(setup, tmp_path):
+    d, path, lm = setup
+    cfg = yaml.safe_load(open(path))
+    cfg["runtime"]["results_dir"] = str(tmp_path / "empty")
+    p2 = tmp_path / "c.yaml"
+    p2.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(CellError, match="item file .*bbq.parquet is missing"):
+        run_cell(config=str(p2), model="smol", benchmark="bbq", cell="T1-greedy-k0-freeform", seed=0,
+                 out=str(tmp_path / "x.parquet"), lm=lm, progress=False)
+    assert not (tmp_path / "x.parquet").exists()
