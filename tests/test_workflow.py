@@ -55,6 +55,17 @@ def test_full_run_outputs(tiny):
     assert "model loads" in r.stdout + r.stderr
 
 
+def test_html_report(tiny):
+    project, config, _ = tiny
+    out = project / "results" / "report.html"
+    r = snakemake(project, config, "--report", str(out))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    html = out.read_text(errors="replace")
+    for name in ("rho_heatmap.png", "orderings.png", "anova_shares.png", "shap_summary.png",
+                 "consistency.png", "table2.csv", "anova.csv", "index.json"):
+        assert name in html, name
+
+
 def test_rerun_does_nothing(tiny):
     project, config, _ = tiny
     counts, _ = planned(project, config)

@@ -6,9 +6,10 @@ rule paper_tables:
     input:
         f"{TABLES}/cell_scores.parquet",
     output:
+        [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES],
         [
             report(
-                f"{TABLES}/{t}.parquet",
+                f"{TABLES}/{t}.csv",
                 caption=f"../report/{t}.rst",
                 category="Tables",
             )
@@ -32,13 +33,15 @@ rule variance:
     input:
         f"{TABLES}/cell_scores.parquet",
     output:
-        anova=report(
-            f"{TABLES}/anova.parquet",
+        anova=f"{TABLES}/anova.parquet",
+        anova_csv=report(
+            f"{TABLES}/anova.csv",
             caption="../report/anova.rst",
             category="Variance",
         ),
-        shap=report(
-            f"{TABLES}/shap.parquet", caption="../report/shap.rst", category="Variance"
+        shap=f"{TABLES}/shap.parquet",
+        shap_csv=report(
+            f"{TABLES}/shap.csv", caption="../report/shap.rst", category="Variance"
         ),
     log:
         f"{RESULTS}/logs/variance.log",
@@ -56,8 +59,9 @@ rule robustness:
         item_results=f"{TABLES}/item_results.parquet",
         subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
+        f"{TABLES}/robustness.parquet",
         report(
-            f"{TABLES}/robustness.parquet",
+            f"{TABLES}/robustness.csv",
             caption="../report/robustness.rst",
             category="Robustness",
         ),
@@ -80,8 +84,9 @@ rule subsample_stability:
         item_results=f"{TABLES}/item_results.parquet",
         subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
+        f"{TABLES}/subsample_stability.parquet",
         report(
-            f"{TABLES}/subsample_stability.parquet",
+            f"{TABLES}/subsample_stability.csv",
             caption="../report/subsample_stability.rst",
             category="Robustness",
         ),
@@ -109,8 +114,9 @@ rule precision_check:
         main=f"{TABLES}/cell_scores.parquet",
         bf16=f"{TABLES}/cell_scores_bf16.parquet",
     output:
+        f"{TABLES}/precision.parquet",
         report(
-            f"{TABLES}/precision.parquet",
+            f"{TABLES}/precision.csv",
             caption="../report/precision.rst",
             category="Robustness",
         ),
