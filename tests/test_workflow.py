@@ -92,36 +92,44 @@ def test_parser_change_reruns_scoring_only(tiny):
     assert {"aggregate", "aggregate_bf16", "rho_flip", "paper_tables"} <= set(counts)
 
 
-def test_template_change_reruns_exactly_its_cells(tiny):
-    project, config, _ = tiny
-    f = project / "src" / "safetyrepro" / "tasks" / "truthfulqa.yaml"
-    original = f.read_text()
-    task = yaml.safe_load(original)
-    task["templates"]["T4"]["freeform"]["user"] += " Think it through."  # edit T4's text only
-    f.write_text(yaml.safe_dump(task, sort_keys=False))
+def _plan_after_yaml_edit(project, config, path, edit):
+    """Dry-run plan after editing a YAML file (restored afterwards): (job counts, planned shards)."""
+    original = path.read_text()
+    data = yaml.safe_load(original)
+    edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     try:
         counts, outputs = planned(project, config)
     finally:
-        f.write_text(original)
-    shard_outputs = {o for o in outputs if "/shards" in o}
-    expected = {str(p.relative_to(project)) for p in _shards(project) if "/truthfulqa/T4-" in str(p)}
-    assert expected and shard_outputs == expected
+        path.write_text(original)
+    return counts, {o for o in outputs if "/shards" in o}
+
+
+def _existing_shards(project, needle):
+    return {str(p.relative_to(project)) for p in _shards(project) if needle in str(p)}
+
+
+def test_template_change_reruns_exactly_its_cells(tiny):
+    project, config, _ = tiny
+    f = project / "src" / "safetyrepro" / "tasks" / "truthfulqa.yaml"
+
+    def edit(task):  # edit T4's text only
+        task["templates"]["T4"]["freeform"]["user"] += " Think it through."
+
+    counts, shards = _plan_after_yaml_edit(project, config, f, edit)
+    expected = _existing_shards(project, "/truthfulqa/T4-")
+    assert expected and shards == expected
     assert "items" not in counts and "prepare_model" not in counts
 
 
 def test_quantization_change_reruns_that_models_cells_only(tiny):
     project, config, _ = tiny
-    original = config.read_text()
-    cfg = yaml.safe_load(original)
-    cfg["models"]["smol-nf4"]["quantization"] = "bf16"
-    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    try:
-        counts, outputs = planned(project, config)
-    finally:
-        config.write_text(original)
-    shard_outputs = {o for o in outputs if "/shards" in o}
-    expected = {str(p.relative_to(project)) for p in _shards(project) if "/smol-nf4/" in str(p)}
-    assert shard_outputs == expected
+
+    def edit(cfg):
+        cfg["models"]["smol-nf4"]["quantization"] = "bf16"
+
+    counts, shards = _plan_after_yaml_edit(project, config, config, edit)
+    assert shards == _existing_shards(project, "/smol-nf4/")
     assert set(cell_rules(counts)) == {"cell_smol-nf4"}
 
 
