@@ -127,6 +127,9 @@ def run_workflow(
         "timeout", "--foreground", "-k", "10", str(timeout_s),
         sys.executable, "-m", "snakemake",
         "--profile", str(profile),
+        # a workflow's profiles/default (the local profile) is otherwise loaded as well and
+        # its `executor: local` wins: cluster runs skip it
+        "--workflow-profile", "none",
         "--directory", str(workdir),
         "--slurm-init-seconds-before-status-checks", str(status_check_s),
         "--slurm-keep-successful-logs",
