@@ -62,7 +62,8 @@ def test_prepare_converts_verified_gguf_into_hf_folder(cfg, smol):
     assert smol == model_dir(cfg.resources_dir, cfg.model(KEY)["source"])
     marker = read_marker(smol)
     assert marker["source_sha256"] == SMOL_SHA == cfg.model(KEY)["source"]["sha256"]
-    assert marker["model_key"] == KEY and marker["dtype"] == "float32"
+    assert marker["dtype"] == "float32" and marker["gguf_name"] == cfg.model(KEY)["source"]["gguf_name"]
+    assert isinstance(marker["first_prepared_for"], str)   # any config key naming this source
     assert {"torch", "transformers", "gguf"} <= set(marker["versions"])
     assert (smol / "config.json").exists() and (smol / "tokenizer.json").exists()
     assert weights_hash(smol) == marker["weights_hash"]

@@ -286,7 +286,9 @@ def convert_gguf(gguf: Path, hf_dir: Path, *, key: str, source: dict, progress: 
         raise ModelError(f"model {key}: saving the converted folder {hf_dir} failed: {exc}") from exc
     record = {
         "format": MARKER_FORMAT,
-        "model_key": key,
+        # the folder is keyed by the source digest and shared by every config key naming that
+        # source; this records only which key happened to prepare it first
+        "first_prepared_for": key,
         "source_kind": "pypi_gguf",
         "source_sha256": source["sha256"],
         "gguf_name": source["gguf_name"],

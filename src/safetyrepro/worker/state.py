@@ -259,6 +259,10 @@ def is_worker_process(pid: int, key: str | None = None) -> bool:
         return False              # exited meanwhile
     except OSError:
         return True
+    if not any(argv):
+        # an exiting process has already released its memory, so its command line reads
+        # empty while the pid still exists: it is still our worker until it is gone
+        return pid_alive(pid)
     if b"safetyrepro.worker" not in argv and not any(a.endswith(b"safetyrepro") for a in argv):
         return False
     return key is None or key.encode() in argv
