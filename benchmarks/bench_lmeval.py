@@ -10,8 +10,8 @@ size. Timed ALTERNATELY (ours, lm-eval, ours, lm-eval, ...):
            after tokenising. Using the token ids directly keeps the scored tokens identical:
            HFLM.loglikelihood moves ALL trailing whitespace of the context (here the chat
            template's final newline) into the continuation, so on the raw strings it scores
-           one extra token per candidate. That public path is also run once (--public-api,
-           default on) and reported: its time and its argmax agreement.
+           one extra token per candidate. That public path is also run once (on the models of
+           --public-api-models) and reported: its time and its argmax agreement.
 
 Prints a table and writes benchmarks/results/lmeval.json. Run: see benchmarks/README.md.
 """
@@ -19,6 +19,7 @@ Prints a table and writes benchmarks/results/lmeval.json. Run: see benchmarks/RE
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -32,13 +33,15 @@ def main(argv=None) -> int:
                     help="logprob config ids whose prompts are used")
     ap.add_argument("--items", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3, help="timed runs of each side")
-    ap.add_argument("--rounds-large", type=int, default=None,
-                    help="rounds for models above 300M parameters (default: --rounds)")
+    ap.add_argument("--rounds-large", type=int, default=1,
+                    help="rounds for models above 300M parameters (default 1: one lm-eval pass "
+                         "over 100 items takes ~4 min for Qwen on one CPU thread)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: robust to background load on a shared box)")
-    ap.add_argument("--no-public-api", dest="public_api", action="store_false")
+    ap.add_argument("--public-api-models", nargs="*", default=["smollm2-135m"],
+                    help="models on which the public HFLM.loglikelihood is also run once")
     ap.add_argument("--tol", type=float, default=2e-3, help="|loglik| agreement tolerance")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
@@ -56,6 +59,7 @@ def main(argv=None) -> int:
     from safetyrepro.perf.workload import load_workload, logprob_requests
 
     torch.set_num_threads(args.threads)
+    load_start = [round(x, 2) for x in os.getloadavg()]
     cfg = load_config(args.config)
     wl = load_workload(cfg, "truthfulqa", args.items)
     print(f"# lm-eval comparison: {len(wl.items)} TruthfulQA items (subset {wl.subset_hash[:12]}), "
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
                 "within_tol": sum(d <= args.tol for d in diffs), "tol": args.tol,
                 "is_greedy_identical": greedy_same,
             }
-            if args.public_api:
+            if key in args.public_api_models:
                 inst = [Instance(request_type="loglikelihood", doc={}, arguments=(ctx, c), idx=k)
                         for k, ((ctx, c), _, _) in enumerate(reqs)]
                 t0 = time.perf_counter()
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
                           "max |dLL|"], rows)
     print("\n" + table)
     print(f"\nmachine: {describe(info)}")
-    path = save("lmeval", {"records": records, "table": table, "threads": args.threads},
+    path = save("lmeval", {"records": records, "table": table, "threads": args.threads, "loadavg_start": load_start},
                 out_dir=args.out)
     print(f"written: {path}")
     return 0

@@ -36,7 +36,7 @@ import torch
 from ..errors import CellError
 from .batching import Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
-from .kvcache import build_prefix, fork_cache, forward, prefill
+from .kvcache import build_prefix, fork_cache, forward, prefill, reserve
 
 
 @dataclass
@@ -127,6 +127,8 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
             mask = mask.index_select(0, sel)
             nxt = nxt.index_select(0, sel)
             active = [active[j] for j in keep]
+        if step == 0:  # decode writes into preallocated buffers from here on
+            cache = reserve(cache, max_new_tokens)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = mask.sum(dim=1, keepdim=True) - 1
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1)[:, -1, :].float()

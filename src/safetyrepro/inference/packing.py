@@ -12,9 +12,9 @@ Per item (``P`` = the token prefix shared by all contexts of the call, already i
   token has in ``context + candidate``. The context's last token predicts every candidate's
   first token; node ``c[:d]`` predicts ``c[d]``.
 
-Items are packed first-fit-decreasing into rows of ``max(ROW_TOKENS, longest item)`` columns
-(right-padded); a block-diagonal mask keeps items in a row apart, and a padding column only
-sees itself. Only the needed positions' logits are computed: ``logits_to_keep`` is given as a
+Items are packed first-fit-decreasing into right-padded rows whose width is chosen by
+:func:`pack_rows` (little padding, short rows); a block-diagonal mask keeps items in a row
+apart, and a padding column only sees itself. Only the needed positions' logits are computed: ``logits_to_keep`` is given as a
 boolean ``[rows, columns]`` mask (transformers' ``slice_logits_to_keep``), so the output
 projection never runs on context or padding columns.
 
@@ -34,7 +34,9 @@ import torch
 
 MASKABLE = ("sdpa", "eager")
 LAYER_KINDS = ("full_attention", "sliding_attention")
-ROW_TOKENS = 128  # row width: attention cost per token grows with it, padding shrinks
+MAX_ROW_FACTOR = 4   # rows hold at most this many times the longest item ...
+MAX_ROW_TOKENS = 512  # ... and at most this many columns (unless one item is longer)
+ATTN_WEIGHT = 2048    # per-token cost of the linear layers, in attended-key units (see pack_rows)
 
 
 def _text_config(config):
@@ -141,6 +143,28 @@ def first_fit_rows(sizes: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+def pack_rows(sizes: list[int], prefix_len: int = 0) -> list[list[int]]:
+    """Rows for items of ``sizes`` columns: first-fit-decreasing at the row width (from the
+    longest item up to ``MAX_ROW_FACTOR`` times it, at most ``MAX_ROW_TOKENS``) that minimises
+    the estimated forward cost ``rows * width * (ATTN_WEIGHT + prefix_len + width)``: the
+    padded columns times the per-column cost, whose attention part grows with the keys a
+    column attends over (the prefix and its whole row, as the dense attention kernel computes
+    them). ``ATTN_WEIGHT`` approximates the linear layers' cost per token in units of one
+    attended key (about 3000 for SmolLM2, 8000 for Qwen2.5-0.5B); the choice is not sensitive
+    to it."""
+    longest = max(sizes)
+    best, best_cost = None, None
+    widths = {longest} | {min(longest * k, max(MAX_ROW_TOKENS, longest))
+                          for k in range(2, MAX_ROW_FACTOR + 1)}
+    for w in sorted(widths):
+        rows = first_fit_rows(sizes, w)
+        width = max(sum(sizes[i] for i in r) for r in rows)
+        cost = len(rows) * width * (ATTN_WEIGHT + prefix_len + width)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = rows, cost
+    return best
+
+
 @dataclass
 class Pack:
     input_ids: torch.Tensor      # [R, W]
@@ -154,13 +178,12 @@ class Pack:
 
 
 def pack_items(prefix_len: int, ctx_ids: list[list[int]], cont_ids: list[list[list[int]]], *,
-               pad_id: int, row_tokens: int | None = None) -> Pack:
+               pad_id: int) -> Pack:
     """Pack the items (full context ids, each starting with the shared prefix of length
     ``prefix_len``; candidate ids) into rows; see the module docstring."""
     p = prefix_len
     trees = [item_tree(p, c, cs) for c, cs in zip(ctx_ids, cont_ids)]
-    width = max(row_tokens or ROW_TOKENS, max(len(t) for t in trees))
-    rows = first_fit_rows([len(t) for t in trees], width)
+    rows = pack_rows([len(t) for t in trees], p)
     width = max(sum(len(trees[i]) for i in r) for r in rows)
     n_rows = len(rows)
     inp = torch.full((n_rows, width), pad_id, dtype=torch.long)

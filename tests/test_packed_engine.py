@@ -1,4 +1,8 @@
-"""Packed (token-tree) candidate scoring equals the plain reference scorer.
+"""The engine's packing optimisations give the plain path's results.
+
+* packed (token-tree) candidate scoring equals the plain reference scorer;
+* packed prefill (suffixes without padding, re-laid out per sequence) equals padded prefill;
+* reserved (in-place) decode caches behave like concatenating ones.
 
 Layout unit tests run on token lists; the equality tests run the real embedded SmolLM2-135M
 (full attention) and Gemma-3-270m (sliding-window layers) in fp32."""
@@ -9,9 +13,13 @@ import pytest
 import torch
 
 from safetyrepro.config import load_config
-from safetyrepro.inference import encode_pair, score_candidates, score_candidates_plain
+from safetyrepro.inference import (encode_pair, encode_prompt, generate, score_candidates,
+                                   score_candidates_plain)
+from safetyrepro.inference.kvcache import (ReservedLayer, build_prefix, fork_cache,
+                                           packed_prefill_supported, prefill, reserve)
 from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, item_tree,
-                                           pack_items, packed_supported, tree_columns)
+                                           pack_items, pack_rows, packed_supported,
+                                           tree_columns)
 from safetyrepro.models import format_prompt, load_model
 from safetyrepro.paths import PROJECT_ROOT
 
@@ -41,7 +49,7 @@ def test_item_tree_shares_candidate_openings():
 def test_pack_mask_keeps_items_and_branches_apart():
     ctx_a, conts_a = [7, 8, 1, 2], [[5, 6, 9], [5, 4]]
     ctx_b, conts_b = [7, 8, 3], [[6, 6]]
-    pack = pack_items(2, [ctx_a, ctx_b], [conts_a, conts_b], pad_id=0, row_tokens=64)
+    pack = pack_items(2, [ctx_a, ctx_b], [conts_a, conts_b], pad_id=0)
     assert pack.input_ids.shape[0] == 1                      # both fit one row
     row = pack.input_ids[0].tolist()
     # item a (longest first): ctx suffix [1, 2], nodes [5], [5, 6]; item b: [3], node [6]; pads
@@ -65,6 +73,17 @@ def test_first_fit_rows():
     assert all(sum([50, 70, 30, 60, 20][i] for i in r) <= 100 for r in rows)
     assert len(rows) == 3
     assert first_fit_rows([120], 100) == [[0]]               # an oversized item gets its own row
+
+
+def test_pack_rows_picks_a_tight_width():
+    sizes = [100, 60, 45, 40, 40, 35, 30, 20]
+    rows = pack_rows(sizes)
+    width = max(sum(sizes[i] for i in r) for r in rows)
+    assert sorted(i for r in rows for i in r) == list(range(len(sizes)))
+    # much less padding than one item per row (8 x 100 columns)
+    assert len(rows) * width <= 1.2 * sum(sizes) < 8 * 100
+    # a long shared prefix makes every column cost about the same: padding is what counts
+    assert [sorted(r) for r in pack_rows(sizes, 10**6)] == [list(range(len(sizes)))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,3 +174,73 @@ def test_sliding_window_model_falls_back_beyond_the_window(gemma):
         score_candidates(lm, ctx, cands, method="packed")
     with pytest.raises(ValueError, match="method must be one of"):
         score_candidates(lm, ctx, cands, method="fast")
+
+
+# --------------------------------------------------------------------------------------------
+# packed prefill and reserved decode caches
+# --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_packed_prefill_equals_padded_prefill(cfg):
+    lm = load_model(cfg, "smollm2-135m", quantization="fp32", device="cpu")
+    assert packed_prefill_supported(lm)
+    prompts = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
+                                            {"role": "user", "content": q}]) for q in QUESTIONS]
+    seqs = [encode_prompt(lm.tokenizer, p) for p in prompts]
+    with torch.inference_mode():
+        for use_prefix in (True, False):
+            prefix = build_prefix(lm, seqs, enabled=use_prefix)
+            assert (len(prefix) > 0) == use_prefix
+            c1, m1, l1 = prefill(lm, prefix, seqs, packed=True)
+            c2, m2, l2 = prefill(lm, prefix, seqs, packed=False)
+            assert torch.equal(m1, m2)
+            assert torch.allclose(l1, l2, atol=1e-4)
+            real = m1.bool()[:, None, :, None]
+            for a, b in zip(c1.layers, c2.layers):
+                assert a.keys.shape == b.keys.shape
+                assert torch.allclose(a.keys * real, b.keys * real, atol=1e-4)
+                assert torch.allclose(a.values * real, b.values * real, atol=1e-4)
+    # end to end: greedy generation through the packed prefill equals per-item generate
+    gens = generate(lm, prompts, max_new_tokens=6, temperature=0, batch_size=4)
+    for p, g in zip(prompts, gens):
+        ids = torch.tensor([encode_prompt(lm.tokenizer, p)])
+        ref = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=6, eos_token_id=lm.stop_ids,
+                                pad_token_id=lm.tokenizer.pad_token_id)
+        assert g.token_ids == ref[0, ids.shape[1]:].tolist()
+
+
+def test_reserved_layer_writes_in_place_and_forks_independently():
+    from transformers.cache_utils import DynamicLayer
+
+    torch.manual_seed(0)
+    k0, v0 = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    plain = DynamicLayer()
+    plain.update(k0, v0)
+    res = ReservedLayer(k0, v0, capacity=7)
+    buf = res._k
+    for step in range(4):  # the 3rd and 4th step outgrow the buffer: it doubles
+        k, v = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+        a, b = plain.update(k, v), res.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert res.get_seq_length() == 6 + step
+        if step < 2:
+            assert res._k is buf  # written in place, no reallocation
+    assert res._k.shape[-2] >= 9
+    # a clone / row selection is independent of the original
+    clone, sel = res.clone(), res.select(torch.tensor([2, 0]))
+    before = res.keys.clone()
+    clone.update(torch.ones(3, 2, 1, 4), torch.ones(3, 2, 1, 4))
+    sel.update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))
+    assert torch.equal(res.keys, before) and res.get_seq_length() == 9
+    assert torch.equal(sel.keys[0, :, :9], before[2]) and torch.equal(sel.keys[1, :, :9], before[0])
+    # reserve() converts plain layers of a real cache; fork_cache keeps them independent
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(k0, v0, 0)
+    r = reserve(cache, 4)
+    assert isinstance(r.layers[0], ReservedLayer) and r.get_seq_length() == 5
+    f = fork_cache(r)
+    f.update(torch.ones(3, 2, 1, 4), torch.ones(3, 2, 1, 4), 0)
+    assert r.get_seq_length() == 5 and f.get_seq_length() == 6
+    assert torch.equal(cache.layers[0].keys, k0)  # the source cache is untouched
