@@ -3,7 +3,8 @@
 * Prompts are tokenised by :func:`..encoding.encode_prompt`, grouped longest-first into
   batches of ``batch_size`` and left-padded; results come back in input order.
 * The token prefix shared by all prompts is prefilled once (:mod:`.kvcache`); each batch
-  prefills its suffixes once.
+  prefills its suffixes once (packed without padding where the model allows), and decodes
+  into preallocated cache buffers (:func:`.kvcache.reserve`).
 * Greedy when ``temperature == 0`` (argmax; ties -> lowest token id, as ``torch.argmax`` and
   transformers' greedy search). Otherwise softmax(logits / temperature), restricted to the
   nucleus of mass ``top_p`` (smallest set of most likely tokens whose mass reaches top_p), and

@@ -6,6 +6,15 @@ window layers such as Gemma-3's get their proper layer type) holds keys/values o
 place: ``update`` concatenates and rebinds. So a cache is *forked* by shallow-copying its layer
 objects, optionally indexing/expanding the batch dimension; the fork and the original then
 evolve independently while sharing the already computed tensors (no copy of the prefix).
+Decoding switches a batch's cache to :class:`ReservedLayer` buffers (:func:`reserve`) that
+are written in place, because concatenating the whole cache at every step reallocates and
+copies it (the dominant cost of CPU decoding under memory pressure); forks of reserved layers
+copy their buffers.
+
+Packed prefill. Where the model allows an arbitrary 4D mask and has no sliding-window layers
+(:func:`packed_prefill_supported`), :func:`prefill` runs a batch's suffixes packed into dense
+rows under a block-diagonal mask (no padding computed) and then gathers the keys/values into
+the per-sequence ``[prefix][pads][suffix]`` layout described below (:func:`prefill_packed`).
 
 Shared prefix. All prompts of a cell usually start with the same tokens (system text, few-shot
 exemplars, template instructions). :func:`build_prefix` finds the longest token prefix common
