@@ -3,7 +3,8 @@
 * Prompts are tokenised by :func:`..encoding.encode_prompt`, grouped longest-first into
   batches of ``batch_size`` and left-padded; results come back in input order.
 * The token prefix shared by all prompts is prefilled once (:mod:`.kvcache`); each batch
-  prefills its suffixes once.
+  prefills its suffixes once (packed without padding where the model allows), and decodes
+  into preallocated cache buffers (:func:`.kvcache.reserve`).
 * Greedy when ``temperature == 0`` (argmax; ties -> lowest token id, as ``torch.argmax`` and
   transformers' greedy search). Otherwise softmax(logits / temperature), restricted to the
   nucleus of mass ``top_p`` (smallest set of most likely tokens whose mass reaches top_p), and
@@ -37,7 +38,7 @@ import torch
 from ..errors import CellError
 from .batching import Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
-from .kvcache import build_prefix, fork_cache, forward, prefill
+from .kvcache import build_prefix, fork_cache, forward, prefill, reserve
 
 
 @dataclass
@@ -132,6 +133,8 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
             mask = mask.index_select(0, sel)
             nxt = nxt.index_select(0, sel)
             active = [active[j] for j in keep]
+        if step == 0:  # decode writes into preallocated buffers from here on
+            cache = reserve(cache, max_new_tokens)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = mask.sum(dim=1, keepdim=True) - 1
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1)[:, -1, :].float()

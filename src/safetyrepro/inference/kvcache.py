@@ -6,6 +6,15 @@ window layers such as Gemma-3's get their proper layer type) holds keys/values o
 place: ``update`` concatenates and rebinds. So a cache is *forked* by shallow-copying its layer
 objects, optionally indexing/expanding the batch dimension; the fork and the original then
 evolve independently while sharing the already computed tensors (no copy of the prefix).
+Decoding switches a batch's cache to :class:`ReservedLayer` buffers (:func:`reserve`) that
+are written in place, because concatenating the whole cache at every step reallocates and
+copies it (the dominant cost of CPU decoding under memory pressure); forks of reserved layers
+copy their buffers.
+
+Packed prefill. Where the model allows an arbitrary 4D mask and has no sliding-window layers
+(:func:`packed_prefill_supported`), :func:`prefill` runs a batch's suffixes packed into dense
+rows under a block-diagonal mask (no padding computed) and then gathers the keys/values into
+the per-sequence ``[prefix][pads][suffix]`` layout described below (:func:`prefill_packed`).
 
 Shared prefix. All prompts of a cell usually start with the same tokens (system text, few-shot
 exemplars, template instructions). :func:`build_prefix` finds the longest token prefix common
@@ -52,11 +61,16 @@ def positions(mask: torch.Tensor, last: int) -> torch.Tensor:
 
 
 def fork_cache(cache, rows: torch.Tensor | None = None, expand: int | None = None):
-    """An independent cache sharing ``cache``'s tensors: all rows, the rows ``rows`` (index
-    tensor, repeats allowed), or the single row expanded to ``expand`` rows."""
+    """An independent cache: all rows, the rows ``rows`` (index tensor, repeats allowed), or
+    the single row expanded to ``expand`` rows. Plain layers share ``cache``'s tensors (their
+    updates allocate new ones); reserved layers (:func:`reserve`) get their own buffers, since
+    they are written in place."""
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
+        if isinstance(layer, ReservedLayer):
+            new.layers.append(layer.select(rows) if rows is not None else layer.clone())
+            continue
         lay = copy.copy(layer)
         keys = getattr(lay, "keys", None)
         if isinstance(keys, torch.Tensor) and keys.numel():
@@ -67,6 +81,87 @@ def fork_cache(cache, rows: torch.Tensor | None = None, expand: int | None = Non
                 lay.keys = keys.expand(expand, -1, -1, -1)
                 lay.values = lay.values.expand(expand, -1, -1, -1)
         new.layers.append(lay)
+    return new
+
+
+def _dynamic_layer_class():
+    from transformers.cache_utils import DynamicLayer
+    return DynamicLayer
+
+
+class ReservedLayer(_dynamic_layer_class()):
+    """A full-attention cache layer whose keys/values live in buffers with room for
+    ``capacity`` positions: :meth:`update` writes the new states in place and returns views,
+    instead of concatenating (reallocating and copying) the whole cache at every decode step,
+    which dominates CPU decoding of long prompts. Outgrowing the buffer doubles it."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+        super().__init__()
+        n = keys.shape[-2]
+        cap = max(int(capacity), n)
+        self._k = keys.new_empty((*keys.shape[:2], cap, keys.shape[-1]))
+        self._v = values.new_empty((*values.shape[:2], cap, values.shape[-1]))
+        self._k[:, :, :n].copy_(keys)
+        self._v[:, :, :n].copy_(values)
+        self._n = n
+        self.device = keys.device
+        self.is_initialized = True
+        self._views()
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        n, q = self._n, key_states.shape[-2]
+        if n + q > self._k.shape[-2]:
+            grown = ReservedLayer(self.keys, self.values, 2 * (n + q))
+            self._k, self._v = grown._k, grown._v
+        self._k[:, :, n:n + q].copy_(key_states)
+        self._v[:, :, n:n + q].copy_(value_states)
+        self._n = n + q
+        self._views()
+        return self.keys, self.values
+
+    def select(self, rows: torch.Tensor) -> "ReservedLayer":
+        idx = rows.to(self._k.device)
+        out = copy.copy(self)
+        out._k, out._v = self._k.index_select(0, idx), self._v.index_select(0, idx)
+        out._views()
+        return out
+
+    def clone(self) -> "ReservedLayer":
+        out = copy.copy(self)
+        out._k, out._v = self._k.clone(), self._v.clone()
+        out._views()
+        return out
+
+    def crop(self, tokens_to_remove: int) -> None:
+        super().crop(tokens_to_remove)
+        self._n = self.keys.shape[-2]
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+        self._views()
+
+
+def reserve(cache, extra: int):
+    """``cache`` with every plain full-attention layer replaced by a :class:`ReservedLayer`
+    holding room for ``extra`` more positions (sliding-window and other layer kinds are
+    kept as they are). Copies the cached states once."""
+    dynamic = _dynamic_layer_class()
+    new = copy.copy(cache)
+    new.layers = []
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if type(layer) is dynamic and isinstance(keys, torch.Tensor) and keys.numel():
+            new.layers.append(ReservedLayer(keys, layer.values, keys.shape[-2] + extra))
+        else:
+            new.layers.append(layer)
     return new
 
 
@@ -96,11 +191,17 @@ def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True) -> Prefix:
     return Prefix(ids, cache)
 
 
-def prefill(lm, prefix: Prefix, seqs: list[list[int]]):
+def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True):
     """Run ``seqs`` (each starting with ``prefix.ids``) as one left-padded batch on top of the
     prefix cache. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 attention
     mask over all cached positions ``[B, P + S]`` and the float32 logits of each row's last
-    token ``[B, V]``."""
+    token ``[B, V]``.
+
+    With ``packed`` (and where :func:`packed_prefill_supported`), the suffixes are computed
+    without padding (:func:`prefill_packed`); the returned cache and mask have the same layout
+    either way."""
+    if packed and len(seqs) > 1 and packed_prefill_supported(lm):
+        return prefill_packed(lm, prefix, seqs)
     dev = lm.device
     p = len(prefix)
     suffixes = [s[p:] for s in seqs]
@@ -117,3 +218,81 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]]):
     cache = fork_cache(prefix.cache, expand=len(seqs)) if p else new_cache(lm)
     logits = forward(lm, inp, mask, positions(mask, width), cache, logits_to_keep=1)
     return cache, mask, logits[:, -1, :].float()
+
+
+def packed_prefill_supported(lm) -> bool:
+    """Packed prefill needs what packed scoring needs (an attention implementation taking a
+    4D mask, boolean ``logits_to_keep``) and plain per-layer caches: on sliding-window layers
+    the cache keeps only the last window of the packed row, which would mix items."""
+    from .packing import packed_supported
+
+    if not packed_supported(lm, 1):
+        return False
+    config = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") \
+        else lm.model.config
+    kinds = set(getattr(config, "layer_types", None) or [])
+    return kinds <= {"full_attention"} and not (
+        not kinds and getattr(config, "sliding_window", None) is not None
+        and getattr(config, "use_sliding_window", True))
+
+
+def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
+    """:func:`prefill` without padding: the suffixes are packed first-fit-decreasing into
+    rows (:func:`.packing.pack_rows`) under a block-diagonal causal mask
+    (each suffix sees the prefix and itself only, with its own position ids), run in one
+    forward with logits only at each suffix's last token, and the resulting keys/values are
+    then gathered into the usual left-padded per-sequence layout ``[prefix][pads][suffix]``
+    for decoding. Same contract and results (up to float reassociation) as the padded path."""
+    from .packing import attention_mask_4d, pack_rows
+
+    dev = lm.device
+    p = len(prefix)
+    suffixes = [s[p:] for s in seqs]
+    if min(len(s) for s in suffixes) < 1:
+        raise ValueError("every sequence must keep at least one token after the shared prefix")
+    longest = max(len(s) for s in suffixes)
+    rows = pack_rows([len(s) for s in suffixes], p)
+    width = max(sum(len(suffixes[i]) for i in r) for r in rows)
+    n_rows = len(rows)
+    inp = torch.full((n_rows, width), lm.tokenizer.pad_token_id, dtype=torch.long)
+    pos = torch.zeros((n_rows, width), dtype=torch.long)
+    new = torch.eye(width, dtype=torch.bool).repeat(n_rows, 1, 1)  # padding sees itself
+    real = torch.zeros((n_rows, width), dtype=torch.bool)
+    keep = torch.zeros((n_rows, width), dtype=torch.bool)
+    where = {}
+    for r, items in enumerate(rows):
+        off = 0
+        for i in items:
+            n = len(suffixes[i])
+            inp[r, off:off + n] = torch.tensor(suffixes[i], dtype=torch.long)
+            pos[r, off:off + n] = torch.arange(p, p + n)
+            new[r, off:off + n, off:off + n] = torch.tril(torch.ones((n, n), dtype=torch.bool))
+            real[r, off:off + n] = True
+            keep[r, off + n - 1] = True
+            where[i] = (r, off, n)
+            off += n
+    allowed = torch.cat([real[:, :, None].expand(n_rows, width, p), new], dim=2)
+    cache = fork_cache(prefix.cache, expand=n_rows) if p else new_cache(lm)
+    logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+                     logits_to_keep=keep.to(dev))
+    if logits.dim() != 2 or logits.shape[0] != len(seqs):
+        raise RuntimeError("the model ignored a boolean logits_to_keep during packed prefill")
+    rank = torch.full((n_rows, width), -1, dtype=torch.long)
+    rank[keep] = torch.arange(len(seqs))
+    order = torch.tensor([int(rank[where[i][0], where[i][1] + where[i][2] - 1])
+                          for i in range(len(seqs))], device=dev)
+    last = logits.index_select(0, order).float()
+    # re-layout: sequence i = [prefix columns][pads][its suffix columns of its packed row]
+    row_idx = torch.tensor([where[i][0] for i in range(len(seqs))], dtype=torch.long)
+    col_idx = torch.zeros((len(seqs), p + longest), dtype=torch.long)
+    mask = torch.zeros((len(seqs), p + longest), dtype=torch.long)
+    col_idx[:, :p] = torch.arange(p)
+    mask[:, :p] = 1
+    for i, (r, off, n) in where.items():
+        col_idx[i, p + longest - n:] = torch.arange(p + off, p + off + n)
+        mask[i, p + longest - n:] = 1
+    row_idx, col_idx = row_idx.to(dev), col_idx.to(dev)
+    for layer in cache.layers:
+        layer.keys = layer.keys[row_idx[:, None], :, col_idx, :].permute(0, 2, 1, 3).contiguous()
+        layer.values = layer.values[row_idx[:, None], :, col_idx, :].permute(0, 2, 1, 3).contiguous()
+    return cache, mask.to(dev), last

@@ -1,0 +1,234 @@
+"""Packed candidate scoring: every item's context and ALL its candidates, merged into a token
+tree, laid out in a few dense rows and scored in one forward per batch of items.
+
+Per item (``P`` = the token prefix shared by all contexts of the call, already in the cache):
+
+* its context suffix (the context tokens after ``P``), causal;
+* one node per distinct candidate PREFIX ``c[:d]`` (``1 <= d < len(c)``; a candidate's last
+  token is only ever a target, never an input). Candidates that start with the same tokens
+  share those nodes, so common openings ("The smallest country in the world is ...") are
+  computed once. A node attends to the prefix, the item's whole context and its own
+  ancestors (itself included), never to a sibling branch; its position id is the one the
+  token has in ``context + candidate``. The context's last token predicts every candidate's
+  first token; node ``c[:d]`` predicts ``c[d]``.
+
+Items are packed first-fit-decreasing into right-padded rows whose width is chosen by
+:func:`pack_rows` (little padding, short rows); a block-diagonal mask keeps items in a row
+apart, and a padding column only sees itself. Only the needed positions' logits are computed: ``logits_to_keep`` is given as a
+boolean ``[rows, columns]`` mask (transformers' ``slice_logits_to_keep``), so the output
+projection never runs on context or padding columns.
+
+Compared with the fork path (prefill, then one cache row per candidate) this runs one
+forward per batch, copies no cache rows, computes shared candidate openings once and pads
+little. It needs an attention implementation that takes an arbitrary 4D mask (``sdpa`` or
+``eager``) and, for models with sliding-window layers, items whose positions fit inside the
+window (then the window never cuts anything and the same mask serves every layer);
+:func:`packed_supported` checks both and the scorer falls back to the fork path otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MASKABLE = ("sdpa", "eager")
+LAYER_KINDS = ("full_attention", "sliding_attention")
+MAX_ROW_FACTOR = 4   # rows hold at most this many times the longest item ...
+MAX_ROW_TOKENS = 512  # ... and at most this many columns (unless one item is longer)
+ATTN_WEIGHT = 2048    # per-token cost of the linear layers, in attended-key units (see pack_rows)
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def packed_supported(lm, max_position: int) -> bool:
+    """Whether items whose position ids stay below ``max_position`` (prefix included) can be
+    scored packed on ``lm``."""
+    try:
+        from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401
+    except ImportError:  # older transformers: no boolean logits_to_keep
+        return False
+    config = _text_config(lm.model.config)
+    if getattr(config, "_attn_implementation", None) not in MASKABLE:
+        return False
+    kinds = set(getattr(config, "layer_types", None) or [])
+    if kinds - set(LAYER_KINDS):
+        return False
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in kinds or (
+        not kinds and window is not None and getattr(config, "use_sliding_window", True))
+    return not sliding or (window is not None and max_position <= int(window))
+
+
+@dataclass
+class ItemTree:
+    """One item's columns: context suffix then candidate-prefix nodes."""
+    tokens: list[int]
+    positions: list[int]
+    n_ctx: int                        # the first n_ctx columns are the context suffix
+    parent: list[int]                 # per node column: parent column (-1: the context)
+    targets: list[tuple[int, int, int]]  # (column predicting it, token id, candidate index)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def item_tree(prefix_len: int, ctx: list[int], conts: list[list[int]]) -> ItemTree:
+    suffix = ctx[prefix_len:]
+    if not suffix:
+        raise ValueError("every context must keep at least one token after the shared prefix")
+    tokens, positions = list(suffix), list(range(prefix_len, len(ctx)))
+    parent: list[int] = []
+    nodes: dict[tuple[int, ...], int] = {}
+    last_ctx = len(suffix) - 1
+    targets = []
+    for j, c in enumerate(conts):
+        if not c:
+            raise ValueError(f"candidate {j} has no tokens")
+        targets.append((last_ctx, c[0], j))
+        prev = -1
+        for d in range(1, len(c)):
+            key = tuple(c[:d])
+            col = nodes.get(key)
+            if col is None:
+                col = nodes[key] = len(tokens)
+                tokens.append(c[d - 1])
+                positions.append(len(ctx) + d - 1)
+                parent.append(prev)
+            targets.append((col, c[d], j))
+            prev = col
+    return ItemTree(tokens, positions, len(suffix), parent, targets)
+
+
+def tree_positions(ctx: list[int], conts: list[list[int]]) -> int:
+    """Position ids an item needs: its full context + its longest candidate but one token."""
+    return len(ctx) + max(len(c) - 1 for c in conts)
+
+
+def tree_columns(prefix_len: int, ctx: list[int], conts: list[list[int]]) -> int:
+    """Columns an item occupies: context suffix + distinct candidate prefixes."""
+    return len(ctx) - prefix_len + len({tuple(c[:d]) for c in conts for d in range(1, len(c))})
+
+
+def _item_mask(tree: ItemTree) -> torch.Tensor:
+    """[n, n] bool: column q may attend column k, within one item."""
+    n, nc = len(tree), tree.n_ctx
+    m = torch.zeros((n, n), dtype=torch.bool)
+    m[:nc, :nc] = torch.tril(torch.ones((nc, nc), dtype=torch.bool))
+    m[nc:, :nc] = True
+    for i, par in enumerate(tree.parent):
+        q = nc + i
+        if par >= 0:
+            m[q, nc:] = m[par, nc:]
+        m[q, q] = True
+    return m
+
+
+def first_fit_rows(sizes: list[int], width: int) -> list[list[int]]:
+    """Indices of ``sizes`` packed first-fit-decreasing into rows of ``width``."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        for r, f in enumerate(free):
+            if sizes[i] <= f:
+                rows[r].append(i)
+                free[r] -= sizes[i]
+                break
+        else:
+            rows.append([i])
+            free.append(width - sizes[i])
+    return rows
+
+
+def pack_rows(sizes: list[int], prefix_len: int = 0) -> list[list[int]]:
+    """Rows for items of ``sizes`` columns: first-fit-decreasing at the row width (from the
+    longest item up to ``MAX_ROW_FACTOR`` times it, at most ``MAX_ROW_TOKENS``) that minimises
+    the estimated forward cost ``rows * width * (ATTN_WEIGHT + prefix_len + width)``: the
+    padded columns times the per-column cost, whose attention part grows with the keys a
+    column attends over (the prefix and its whole row, as the dense attention kernel computes
+    them). ``ATTN_WEIGHT`` approximates the linear layers' cost per token in units of one
+    attended key (about 3000 for SmolLM2, 8000 for Qwen2.5-0.5B); the choice is not sensitive
+    to it."""
+    longest = max(sizes)
+    best, best_cost = None, None
+    widths = {longest} | {min(longest * k, max(MAX_ROW_TOKENS, longest))
+                          for k in range(2, MAX_ROW_FACTOR + 1)}
+    for w in sorted(widths):
+        rows = first_fit_rows(sizes, w)
+        width = max(sum(sizes[i] for i in r) for r in rows)
+        cost = len(rows) * width * (ATTN_WEIGHT + prefix_len + width)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = rows, cost
+    return best
+
+
+@dataclass
+class Pack:
+    input_ids: torch.Tensor      # [R, W]
+    position_ids: torch.Tensor   # [R, W]
+    allowed: torch.Tensor        # [R, W, P + W] bool: query may attend key
+    keep: torch.Tensor           # [R, W] bool: columns whose logits are needed
+    gather_col: torch.Tensor     # [G] index into the kept logits (row-major order)
+    gather_tgt: torch.Tensor     # [G] the scored token id
+    gather_cand: torch.Tensor    # [G] index into ``cand_index``
+    cand_index: list[tuple[int, int]]  # (item in pack, candidate) of each candidate
+
+
+def pack_items(prefix_len: int, ctx_ids: list[list[int]], cont_ids: list[list[list[int]]], *,
+               pad_id: int) -> Pack:
+    """Pack the items (full context ids, each starting with the shared prefix of length
+    ``prefix_len``; candidate ids) into rows; see the module docstring."""
+    p = prefix_len
+    trees = [item_tree(p, c, cs) for c, cs in zip(ctx_ids, cont_ids)]
+    rows = pack_rows([len(t) for t in trees], p)
+    width = max(sum(len(trees[i]) for i in r) for r in rows)
+    n_rows = len(rows)
+    inp = torch.full((n_rows, width), pad_id, dtype=torch.long)
+    pos = torch.zeros((n_rows, width), dtype=torch.long)
+    new = torch.zeros((n_rows, width, width), dtype=torch.bool)
+    new[:, range(width), range(width)] = True  # padding columns see themselves
+    real = torch.zeros((n_rows, width), dtype=torch.bool)
+    keep = torch.zeros((n_rows, width), dtype=torch.bool)
+    where: dict[int, tuple[int, int]] = {}
+    for r, items in enumerate(rows):
+        off = 0
+        for i in items:
+            t = trees[i]
+            n = len(t)
+            inp[r, off:off + n] = torch.tensor(t.tokens, dtype=torch.long)
+            pos[r, off:off + n] = torch.tensor(t.positions, dtype=torch.long)
+            new[r, off:off + n, off:off + n] = _item_mask(t)
+            real[r, off:off + n] = True
+            for col, _, _ in t.targets:
+                keep[r, off + col] = True
+            where[i] = (r, off)
+            off += n
+    # kept logits come out row-major: the rank of each kept (row, column)
+    rank = torch.full((n_rows, width), -1, dtype=torch.long)
+    rank[keep] = torch.arange(int(keep.sum()))
+    g_col, g_tgt, g_cand, cand_index = [], [], [], []
+    for i, t in enumerate(trees):
+        r, off = where[i]
+        base = len(cand_index)
+        cand_index.extend((i, j) for j in range(len(cont_ids[i])))
+        for col, tok, j in t.targets:
+            g_col.append(int(rank[r, off + col]))
+            g_tgt.append(tok)
+            g_cand.append(base + j)
+    allowed = torch.cat([real[:, :, None].expand(n_rows, width, p), new], dim=2)
+    tt = torch.tensor
+    return Pack(inp, pos, allowed, keep, tt(g_col), tt(g_tgt), tt(g_cand), cand_index)
+
+
+def attention_mask_4d(lm, allowed: torch.Tensor) -> torch.Tensor:
+    """``allowed`` [B, Q, K] as the model's 4D mask [B, 1, Q, K]: boolean for sdpa, additive
+    float (0 / dtype min) for eager attention."""
+    config = _text_config(lm.model.config)
+    m = allowed[:, None]
+    if config._attn_implementation == "sdpa":
+        return m
+    dtype = lm.model.dtype
+    return torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)

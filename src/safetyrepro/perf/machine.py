@@ -1,0 +1,65 @@
+"""What a benchmark ran on: CPU, cores, torch threads, library versions, load average; and
+process memory (peak resident set size)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import resource
+import sys
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(pkg: str) -> str:
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        return "absent"
+
+
+def machine_info() -> dict:
+    import torch
+
+    mem_gib = None
+    try:
+        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError):
+        pass
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "torch_threads": torch.get_num_threads(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "lm_eval": _version("lm_eval"),
+        "bitsandbytes": _version("bitsandbytes"),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def describe(info: dict) -> str:
+    """One line for a results table header."""
+    dev = f", GPU {info['cuda']}" if info.get("cuda") else ""
+    return (f"{info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB{dev}; torch "
+            f"{info['torch']} ({info['torch_threads']} threads), transformers "
+            f"{info['transformers']}, lm-eval {info['lm_eval']}; load average "
+            f"{' / '.join(str(x) for x in info['loadavg'])} (1/5/15 min)")
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far, MiB (Linux ru_maxrss is KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

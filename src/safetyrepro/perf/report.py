@@ -1,0 +1,34 @@
+"""Benchmark outputs: a JSON record per script run (``benchmarks/results/<name>.json``) with
+the exact command line, the machine and every measured number."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from ..io import atomic_write_text
+from ..paths import PROJECT_ROOT
+from .machine import machine_info
+
+RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results"
+
+
+def command_line() -> str:
+    """The command that ran this script, relative to the project root where possible."""
+    argv = list(sys.argv)
+    try:
+        argv[0] = str(Path(argv[0]).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        pass
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def save(name: str, payload: dict, out_dir: Path | None = None) -> Path:
+    """Write ``payload`` plus command line and machine info as ``<out_dir>/<name>.json``."""
+    out = Path(out_dir or RESULTS_DIR) / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"benchmark": name, "command": command_line(), "machine": machine_info(), **payload}
+    atomic_write_text(out, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
+    return out

@@ -1,0 +1,264 @@
+"""The engine's packing optimisations give the plain path's results.
+
+* packed (token-tree) candidate scoring equals the plain reference scorer;
+* packed prefill (suffixes without padding, re-laid out per sequence) equals padded prefill;
+* reserved (in-place) decode caches behave like concatenating ones.
+
+Layout unit tests run on token lists; the equality tests run the real embedded SmolLM2-135M
+(full attention) and Gemma-3-270m (sliding-window layers) in fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from safetyrepro.config import load_config
+from safetyrepro.inference import (encode_pair, encode_prompt, generate, score_candidates,
+                                   score_candidates_plain)
+from safetyrepro.inference.kvcache import (ReservedLayer, build_prefix, fork_cache,
+                                           packed_prefill_supported, prefill, reserve)
+from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, item_tree,
+                                           pack_items, pack_rows, packed_supported,
+                                           tree_columns)
+from safetyrepro.models import format_prompt, load_model
+from safetyrepro.paths import PROJECT_ROOT
+
+
+# --------------------------------------------------------------------------------------------
+# layout (no model)
+# --------------------------------------------------------------------------------------------
+def test_item_tree_shares_candidate_openings():
+    ctx = [1, 2, 3, 4]
+    conts = [[10, 11, 12], [10, 11, 13, 14], [20], [10, 15]]
+    t = item_tree(2, ctx, conts)
+    assert t.tokens[:2] == [3, 4] and t.n_ctx == 2
+    # nodes: [10], [10, 11], [10, 11, 13]  (the shared opening [10, 11] appears once)
+    assert t.tokens[2:] == [10, 11, 13]
+    assert t.positions == [2, 3, 4, 5, 6]          # a node's position = its place in ctx + cand
+    assert t.parent == [-1, 2, 3]
+    assert tree_columns(2, ctx, conts) == len(t) == 5
+    # every candidate token is a target exactly once; first tokens come from the last context
+    assert sorted((j, tok) for _, tok, j in t.targets) == sorted(
+        (j, tok) for j, c in enumerate(conts) for tok in c)
+    assert [col for col, _, j in t.targets if j == 2] == [1]
+    assert [(col, tok) for col, tok, j in t.targets if j == 1] == [(1, 10), (2, 11), (3, 13), (4, 14)]
+    with pytest.raises(ValueError, match="at least one token after the shared prefix"):
+        item_tree(4, ctx, conts)
+
+
+def test_pack_mask_keeps_items_and_branches_apart():
+    ctx_a, conts_a = [7, 8, 1, 2], [[5, 6, 9], [5, 4]]
+    ctx_b, conts_b = [7, 8, 3], [[6, 6]]
+    pack = pack_items(2, [ctx_a, ctx_b], [conts_a, conts_b], pad_id=0)
+    assert pack.input_ids.shape[0] == 1                      # both fit one row
+    row = pack.input_ids[0].tolist()
+    # item a (longest first): ctx suffix [1, 2], nodes [5], [5, 6]; item b: [3], node [6]; pads
+    assert row[:6] == [1, 2, 5, 6, 3, 6]
+    allowed = pack.allowed[0]
+    p = 2
+    assert allowed[:6, :p].all()                             # real tokens see the shared prefix
+    new = allowed[:, p:]
+    assert new[3, :4].tolist() == [True, True, True, True]   # node [5, 6]: ctx + its ancestors
+    assert not new[4, :4].any() and new[4, 4]                # item b's context never sees item a
+    assert new[5, 4] and new[5, 5] and not new[5, 2:4].any()
+    assert pack.position_ids[0, :6].tolist() == [2, 3, 4, 5, 2, 3]
+    # kept logits: the last context token and every node of each item
+    assert pack.keep[0].tolist()[:6] == [False, True, True, True, True, True]
+    assert len(pack.cand_index) == 3 and pack.gather_tgt.numel() == 3 + 2 + 2
+
+
+def test_first_fit_rows():
+    rows = first_fit_rows([50, 70, 30, 60, 20], 100)
+    assert sorted(i for r in rows for i in r) == [0, 1, 2, 3, 4]
+    assert all(sum([50, 70, 30, 60, 20][i] for i in r) <= 100 for r in rows)
+    assert len(rows) == 3
+    assert first_fit_rows([120], 100) == [[0]]               # an oversized item gets its own row
+
+
+def test_pack_rows_picks_a_tight_width():
+    sizes = [100, 60, 45, 40, 40, 35, 30, 20]
+    rows = pack_rows(sizes)
+    width = max(sum(sizes[i] for i in r) for r in rows)
+    assert sorted(i for r in rows for i in r) == list(range(len(sizes)))
+    # much less padding than one item per row (8 x 100 columns)
+    assert len(rows) * width <= 1.2 * sum(sizes) < 8 * 100
+    # a long shared prefix makes every column cost about the same: padding is what counts
+    assert [sorted(r) for r in pack_rows(sizes, 10**6)] == [list(range(len(sizes)))]
+
+
+# --------------------------------------------------------------------------------------------
+# equality with the plain reference on real models
+# --------------------------------------------------------------------------------------------
+SYSTEM = "You answer questions about the world briefly and truthfully."
+QUESTIONS = ["What is the capital of France?", "Which animal barks?",
+             "What is the smallest country in the world that is at least one square mile in area?",
+             "Is it safe to eat raw chicken?"]
+CANDIDATES = [
+    ["The capital of France is Paris.", "The capital of France is Lyon.", "Paris", "Berlin"],
+    ["A dog barks.", "A cat barks.", "Dogs"],
+    ["The smallest country in the world that is at least one square mile in area is Monaco.",
+     "Nauru is the smallest country in the world that is at least one square mile in area.",
+     "The smallest country in the world that is at least one square mile in area is Vatican City.",
+     "The smallest country is the United States."],
+    ["No, raw chicken can carry salmonella.", "Yes", "No"],
+]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(PROJECT_ROOT / "config" / "config.yaml")
+
+
+def _requests(lm):
+    ctx = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
+                                        {"role": "user", "content": q}]) for q in QUESTIONS]
+    return ctx, CANDIDATES
+
+
+def _assert_equal(a, b, tol=1e-4):
+    """Equal up to fp32 reassociation: ``tol`` plus 1e-5 relative (long candidates sum many
+    token log-probs)."""
+    assert [len(r) for r in a] == [len(r) for r in b]
+    for ra, rb in zip(a, b):
+        for x, y in zip(ra, rb):
+            assert x.n_tokens == y.n_tokens
+            assert x.loglik == pytest.approx(y.loglik, abs=tol, rel=1e-5)
+            assert x.is_greedy == y.is_greedy
+
+
+@pytest.fixture(scope="module")
+def gemma(cfg):
+    return load_model(cfg, "gemma3-270m", quantization="fp32", device="cpu")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["smollm2-135m", "gemma3-270m"])
+def test_packed_and_fork_equal_plain_fp32(cfg, gemma, key):
+    lm = gemma if key == "gemma3-270m" else load_model(cfg, key, quantization="fp32", device="cpu")
+    ctx, cands = _requests(lm)
+    plain = score_candidates_plain(lm, ctx, cands, batch_size=5)
+    for method in ("packed", "fork"):
+        for bs, prefix in ((16, True), (2, True), (3, False)):
+            got = score_candidates(lm, ctx, cands, batch_size=bs, prefix_cache=prefix, method=method)
+            _assert_equal(got, plain)
+    # the shared candidate openings are computed once: one row of context + distinct prefixes
+    seen = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True)
+    try:
+        score_candidates(lm, ctx[2:3], cands[2:3], batch_size=1, prefix_cache=False, method="packed")
+    finally:
+        hook.remove()
+    pairs = [encode_pair(lm.tokenizer, ctx[2], c) for c in cands[2]]
+    ctx_ids, cont_ids = pairs[0][0], [c for _, c in pairs]
+    assert seen == [tree_columns(0, ctx_ids, cont_ids)]
+    assert seen[0] < len(ctx_ids) + sum(len(c) - 1 for c in cont_ids) - 10
+    # eager attention takes the additive float form of the same mask
+    if key == "smollm2-135m":
+        lm.model.set_attn_implementation("eager")
+        assert attention_mask_4d(lm, torch.ones((1, 2, 2), dtype=torch.bool)).dtype == torch.float32
+        _assert_equal(score_candidates(lm, ctx, cands, method="packed"), plain)
+
+
+@pytest.mark.slow
+def test_sliding_window_model_falls_back_beyond_the_window(gemma):
+    lm = gemma
+    window = lm.model.config.get_text_config().sliding_window
+    assert packed_supported(lm, window) and not packed_supported(lm, window + 1)
+    # a context longer than the window: auto picks the fork path, packed refuses
+    long_ctx = format_prompt(lm.tokenizer, [{"role": "user", "content": "word " * (window + 20)}])
+    ctx, cands = [long_ctx, long_ctx + "x"], [["yes", "no way"], ["maybe so", "no"]]
+    auto = score_candidates(lm, ctx, cands)
+    _assert_equal(auto, score_candidates(lm, ctx, cands, method="fork"), tol=0)
+    with pytest.raises(ValueError, match="packed scoring is not supported"):
+        score_candidates(lm, ctx, cands, method="packed")
+    with pytest.raises(ValueError, match="method must be one of"):
+        score_candidates(lm, ctx, cands, method="fast")
+
+
+# --------------------------------------------------------------------------------------------
+# packed prefill and reserved decode caches
+# --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_packed_prefill_equals_padded_prefill(cfg):
+    lm = load_model(cfg, "smollm2-135m", quantization="fp32", device="cpu")
+    assert packed_prefill_supported(lm)
+    prompts = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
+                                            {"role": "user", "content": q}]) for q in QUESTIONS]
+    seqs = [encode_prompt(lm.tokenizer, p) for p in prompts]
+    with torch.inference_mode():
+        for use_prefix in (True, False):
+            prefix = build_prefix(lm, seqs, enabled=use_prefix)
+            assert (len(prefix) > 0) == use_prefix
+            c1, m1, l1 = prefill(lm, prefix, seqs, packed=True)
+            c2, m2, l2 = prefill(lm, prefix, seqs, packed=False)
+            assert torch.equal(m1, m2)
+            assert torch.allclose(l1, l2, atol=1e-4)
+            real = m1.bool()[:, None, :, None]
+            for a, b in zip(c1.layers, c2.layers):
+                assert a.keys.shape == b.keys.shape
+                assert torch.allclose(a.keys * real, b.keys * real, atol=1e-4)
+                assert torch.allclose(a.values * real, b.values * real, atol=1e-4)
+    # end to end: greedy generation through the packed prefill equals per-item generate
+    gens = generate(lm, prompts, max_new_tokens=6, temperature=0, batch_size=4)
+    for p, g in zip(prompts, gens):
+        ids = torch.tensor([encode_prompt(lm.tokenizer, p)])
+        ref = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                max_new_tokens=6, eos_token_id=lm.stop_ids,
+                                pad_token_id=lm.tokenizer.pad_token_id)
+        assert g.token_ids == ref[0, ids.shape[1]:].tolist()
+
+
+def test_reserved_layer_writes_in_place_and_forks_independently():
+    from transformers.cache_utils import DynamicLayer
+
+    torch.manual_seed(0)
+    k0, v0 = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    plain = DynamicLayer()
+    plain.update(k0, v0)
+    res = ReservedLayer(k0, v0, capacity=7)
+    buf = res._k
+    for step in range(4):  # the 3rd and 4th step outgrow the buffer: it doubles
+        k, v = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+        a, b = plain.update(k, v), res.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert res.get_seq_length() == 6 + step
+        if step < 2:
+            assert res._k is buf  # written in place, no reallocation
+    assert res._k.shape[-2] >= 9
+    # a clone / row selection is independent of the original
+    clone, sel = res.clone(), res.select(torch.tensor([2, 0]))
+    before = res.keys.clone()
+    clone.update(torch.ones(3, 2, 1, 4), torch.ones(3, 2, 1, 4))
+    sel.update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))
+    assert torch.equal(res.keys, before) and res.get_seq_length() == 9
+    assert torch.equal(sel.keys[0, :, :9], before[2]) and torch.equal(sel.keys[1, :, :9], before[0])
+    # reserve() converts plain layers of a real cache; fork_cache keeps them independent
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    cache.update(k0, v0, 0)
+    r = reserve(cache, 4)
+    assert isinstance(r.layers[0], ReservedLayer) and r.get_seq_length() == 5
+    f = fork_cache(r)
+    f.update(torch.ones(3, 2, 1, 4), torch.ones(3, 2, 1, 4), 0)
+    assert r.get_seq_length() == 5 and f.get_seq_length() == 6
+    assert torch.equal(cache.layers[0].keys, k0)  # the source cache is untouched
+
+
+@pytest.mark.slow
+def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
+    # Gemma-3: padded prefill (packed prefill refuses sliding-window caches), reserved buffers
+    # for its full-attention layers only, sliding layers keep their own cache
+    assert not packed_prefill_supported(gemma)
+    prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": q}]) for q in QUESTIONS]
+    gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3)
+    for p, g in zip(prompts, gens):
+        ids = torch.tensor([encode_prompt(gemma.tokenizer, p)])
+        ref = gemma.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                   max_new_tokens=8, eos_token_id=gemma.stop_ids,
+                                   pad_token_id=gemma.tokenizer.pad_token_id)
+        ref_ids = ref[0, ids.shape[1]:].tolist()
+        # ours may stop earlier at the plain format's "\nUser:" marker
+        assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1

@@ -1,0 +1,90 @@
+"""Benchmark helpers (safetyrepro.perf): alternating timing, tables, machine record, and the
+workloads (real items rendered exactly as a cell renders them)."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from safetyrepro.config import load_config
+from safetyrepro.paths import PROJECT_ROOT
+from safetyrepro.perf.machine import describe, machine_info, peak_rss_mib
+from safetyrepro.perf.report import save
+from safetyrepro.perf.timing import alternate, format_table
+from safetyrepro.perf.workload import freeform_prompts, load_workload, logprob_requests
+
+
+def test_alternate_runs_sides_in_turn_and_reports_ratios():
+    calls = []
+
+    def side(name, secs):
+        def run():
+            calls.append(name)
+            time.sleep(secs)
+            return name
+        return run
+
+    t = alternate({"fast": side("fast", 0.01), "slow": side("slow", 0.05)}, 3, log=None)
+    assert calls == ["fast", "slow"] * 3
+    assert len(t.times["fast"]) == len(t.times["slow"]) == 3
+    assert t.results == {"fast": "fast", "slow": "slow"}
+    assert 2.0 < t.ratio("slow", "fast") < 10.0
+    assert all(r > 1.5 for r in t.paired_ratios("slow", "fast"))
+    with pytest.raises(ValueError):
+        alternate({"a": lambda: None}, 0)
+
+
+def test_format_table():
+    out = format_table(["a", "bb"], [["x", 1.234], ["yy", 0.0123]]).splitlines()
+    assert out[0] == "| a  | bb     |"
+    assert out[1] == "|----|--------|"
+    assert out[2] == "| x  | 1.23   |" and out[3] == "| yy | 0.0123 |"
+
+
+def test_machine_record_and_saved_json(tmp_path):
+    info = machine_info()
+    assert info["cores"] >= 1 and info["torch_threads"] >= 1 and len(info["loadavg"]) == 3
+    assert "torch" in describe(info) and peak_rss_mib() > 10
+    path = save("unit", {"x": 1}, out_dir=tmp_path)
+    rec = json.loads(path.read_text())
+    assert rec["benchmark"] == "unit" and rec["x"] == 1 and rec["machine"]["cpu"]
+    assert rec["command"]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(PROJECT_ROOT / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def tok(cfg):
+    from transformers import AutoTokenizer
+
+    from safetyrepro.models.prepare import prepare_model
+
+    return AutoTokenizer.from_pretrained(str(prepare_model(cfg, "smollm2-135m", progress=False)))
+
+
+def test_workload_uses_the_run_subset_rules_and_cell_rendering(cfg, tok, shared_data, tmp_path):
+    from safetyrepro.items import build_items
+    from safetyrepro.models import format_prompt
+    from safetyrepro.tasks import load_task
+
+    wl = load_workload(cfg, "truthfulqa", 30)
+    assert len(wl.items) == 30 and len({it["item_id"] for it in wl.items}) == 30
+    assert len(wl.fewshot) == 5 and not {x["item_id"] for x in wl.fewshot} & {it["item_id"] for it in wl.items}
+    # at the config's own size it is exactly the run's subset
+    small = load_workload(cfg, "truthfulqa", cfg.benchmark("truthfulqa")["n_items"])
+    assert small.subset_hash == build_items(cfg, "truthfulqa", out_dir=tmp_path)["subset_hash"]
+    assert small.subset_hash != wl.subset_hash
+    lm = SimpleNamespace(tokenizer=tok)
+    task = load_task("truthfulqa")
+    prompts = freeform_prompts(cfg, lm, wl, "T2-greedy-k3-freeform")
+    assert prompts[4] == format_prompt(tok, task.build_messages(wl.items[4], "T2", wl.fewshot[:3]))
+    ctx, cands = logprob_requests(cfg, lm, wl, "T1-greedy-k0-logprob")
+    messages, candidates = task.logprob_request(wl.items[7], "T1", [])
+    assert ctx[7] == format_prompt(tok, messages) and cands[7] == list(candidates)
+    assert len(ctx) == len(cands) == 30
