@@ -154,7 +154,9 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
     kw = dict(max_new_tokens=10, temperature=0.7, top_p=0.9, batch_size=4)
     prefills = []
     hook = lm.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape[1] > 1), with_kwargs=True)
+        # decode steps feed one token per seed (the seeds are columns of a prompt's cache row)
+        lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape[1] > len(seeds)),
+        with_kwargs=True)
     try:
         multi = generate_multi_seed(lm, prompts, seeds, **kw)
     finally:
@@ -169,6 +171,31 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
     assert [g.token_ids for g in multi[11]] != [g.token_ids for g in multi[12]]
     greedy = generate_multi_seed(lm, prompts, [1, 2], max_new_tokens=4, temperature=0)
     assert [g.token_ids for g in greedy[1]] == [g.token_ids for g in greedy[2]]
+
+
+def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
+    prompts = _prompts(lm)
+    seeds = [0, 1, 2, 3, 4]
+    kw = dict(max_new_tokens=12, temperature=0.7, top_p=0.95, batch_size=4)
+    shapes = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        cols = generate_multi_seed(lm, prompts, seeds, seed_columns=True, **kw)
+    finally:
+        hook.remove()
+    rows = generate_multi_seed(lm, prompts, seeds, seed_columns=False, **kw)
+    for s in seeds:
+        assert [g.token_ids for g in cols[s]] == [g.token_ids for g in rows[s]]
+        assert [(g.text, g.finish_reason, g.n_prompt_tokens, g.n_gen_tokens) for g in cols[s]] == \
+            [(g.text, g.finish_reason, g.n_prompt_tokens, g.n_gen_tokens) for g in rows[s]]
+    # decode steps: at most one cache row per prompt of the batch (4, then 2), five columns
+    decode = [sh for sh in shapes if sh[1] == len(seeds)]
+    assert decode and all(sh[0] <= 4 for sh in decode)
+    # seeds stop at different steps (some stop early, some run to the limit)
+    lengths = {g.n_gen_tokens for s in seeds for g in cols[s]}
+    assert len(lengths) > 1 and max(lengths) == kw["max_new_tokens"]
+    assert len({tuple(cols[s][0].token_ids) for s in seeds}) > 1
 
 
 def test_stop_string_cuts_the_turn(lm):

@@ -15,6 +15,7 @@ from safetyrepro.perf.machine import describe, machine_info, peak_rss_mib
 from safetyrepro.perf.report import save
 from safetyrepro.perf.timing import alternate, format_table
 from safetyrepro.perf.workload import freeform_prompts, load_workload, logprob_requests
+from safetyrepro.provenance import code_version
 
 
 def test_alternate_runs_sides_in_turn_and_reports_ratios():
@@ -52,6 +53,7 @@ def test_machine_record_and_saved_json(tmp_path):
     rec = json.loads(path.read_text())
     assert rec["benchmark"] == "unit" and rec["x"] == 1 and rec["machine"]["cpu"]
     assert rec["command"]
+    assert rec["code_version"]["source_sha256"] == code_version()["source_sha256"]
 
 
 @pytest.fixture(scope="module")

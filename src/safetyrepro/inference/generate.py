@@ -18,9 +18,11 @@
   ``max_new_tokens``. ``finish_reason`` is ``"eos"`` for the first two, ``"length"`` otherwise.
   ``n_gen_tokens`` counts generated tokens including the stop token; ``text`` excludes the stop
   token/marker and special tokens. Finished rows leave the batch (their cache rows are dropped).
-* :func:`generate_multi_seed` prefills each batch once, repeats the prefilled rows once per
-  seed and decodes all seeds in one batch; its outputs are identical to separate
-  :func:`generate` calls (each row has its own (seed, prompt) generator).
+* :func:`generate_multi_seed` prefills each batch once and decodes all seeds in one batch,
+  the seeds of a prompt as columns of its one cache row (:func:`_decode_seed_columns`) where
+  the model allows, else from the prefilled rows repeated once per seed; its outputs are
+  identical to separate :func:`generate` calls (each row has its own (seed, prompt)
+  generator).
 * ``latency_s``: seconds from the start of the item's batch prefill until the item stopped
   (for multi-seed: the shared prefill time plus that seed's decode time). The one-off shared
   prefix prefill is not attributed to items.
@@ -38,7 +40,8 @@ import torch
 from ..errors import CellError
 from .batching import Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
-from .kvcache import build_prefix, fork_cache, forward, prefill, reserve
+from .kvcache import build_prefix, fork_cache, forward, packed_prefill_supported, prefill, reserve
+from .packing import attention_mask_4d
 
 
 @dataclass
@@ -151,13 +154,106 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
     return gens
 
 
+def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
+                        max_new_tokens: int, n_prompt: list[int], t0: float) -> list[Generation]:
+    """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
+
+    The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
+    row (seed j's latest token in column j) and appends ``n_seeds`` cache columns. A 4D mask
+    lets seed j's query see the prompt and its own earlier tokens only (the columns
+    ``L0 + n_seeds * t + j``), with the position ids it would have alone, so each seed computes
+    what a separate run computes, while the prompt's keys/values are stored and read once per
+    step instead of once per seed. Rows are ordered seed-major (row ``s * n + i`` = seed s of
+    prompt i), as in the repeated-rows path; finished seeds feed a masked dummy token until
+    every seed of their prompt is done, then the prompt's row leaves the batch."""
+    tok = lm.tokenizer
+    stop_ids = set(lm.stop_ids)
+    stop_strings = lm.stop_strings
+    n, k = logits.shape[0], n_seeds
+    total = n * k
+    dev = mask.device
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    active = list(range(total))
+    out_ids: list[list[int]] = [[] for _ in range(total)]
+    finish: list[str | None] = [None] * total
+    cut: list[int | None] = [None] * total
+    latency = [0.0] * total
+    row_of = list(range(n))          # current cache row of each prompt (-1 once dropped)
+    alive_items = list(range(n))
+    base = mask.bool()
+    cur = logits.repeat(k, 1)        # [total, V] logits of the active rows, in active order
+    own = torch.eye(k, dtype=torch.bool, device=dev)
+    for step in range(max_new_tokens):
+        nxt = sampler(cur, active)
+        nxt_list = nxt.tolist()
+        keep = []
+        for j, v in enumerate(active):
+            t = nxt_list[j]
+            out_ids[v].append(t)
+            if t in stop_ids:
+                finish[v] = "eos"
+            elif stop_strings:
+                text = tok.decode(out_ids[v], skip_special_tokens=True)
+                hits = [text.find(s) for s in stop_strings if s in text]
+                if hits:
+                    finish[v], cut[v] = "eos", min(hits)
+            if finish[v] is None and len(out_ids[v]) >= max_new_tokens:
+                finish[v] = "length"
+            if finish[v] is None:
+                keep.append(j)
+            else:
+                latency[v] = time.perf_counter() - t0
+        if not keep:
+            break
+        still = sorted({active[j] % n for j in keep})
+        if len(still) < len(alive_items):
+            sel = torch.tensor([row_of[i] for i in still], dtype=torch.long, device=dev)
+            cache = fork_cache(cache, rows=sel)
+            base = base.index_select(0, sel)
+            row_of = [-1] * n
+            for r, i in enumerate(still):
+                row_of[i] = r
+            alive_items = still
+        if step == 0:  # decode writes into preallocated buffers from here on
+            cache = reserve(cache, k * max_new_tokens)
+        r_n = len(alive_items)
+        inp = torch.full((r_n, k), pad, dtype=torch.long)
+        for j in keep:
+            v = active[j]
+            inp[row_of[v % n], v // n] = nxt_list[j]
+        pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
+        allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
+                             own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
+        out = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache)
+        active = [active[j] for j in keep]
+        rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
+        cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
+        cur = out[rows, cols].float()
+    gens = []
+    for v in range(total):
+        ids = out_ids[v]
+        body = ids[:-1] if finish[v] == "eos" and ids and ids[-1] in stop_ids else ids
+        text = tok.decode(body, skip_special_tokens=True)
+        if cut[v] is not None:
+            text = text[:cut[v]]
+        gens.append(Generation(text=text, n_prompt_tokens=n_prompt[v % n], n_gen_tokens=len(ids),
+                               finish_reason=finish[v] or "length", latency_s=latency[v],
+                               token_ids=ids))
+    return gens
+
+
 def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tokens: int,
                         temperature: float, top_p: float = 1.0, batch_size: int = 16,
-                        progress=None, prefix_cache: bool = True) -> dict[int, list[Generation]]:
+                        progress=None, prefix_cache: bool = True,
+                        seed_columns: bool = True) -> dict[int, list[Generation]]:
     """Generate ``prompts`` once per seed, prefilling each batch ONCE and decoding each seed
     from a fork of the prefilled cache. ``{seed: [Generation in input order]}``; identical to
     ``{s: generate(..., seed=s)}``. Greedy (temperature 0) decodes once and returns the same
-    generations under every seed."""
+    generations under every seed.
+
+    With ``seed_columns`` (and where the model takes a 4D mask and has no sliding-window
+    layers), the seeds of a prompt decode as columns of one cache row
+    (:func:`_decode_seed_columns`) instead of one repeated cache row per seed; same outputs."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     seeds = list(dict.fromkeys(int(s) for s in seeds))
@@ -177,26 +273,33 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     try:
         with torch.inference_mode():
             prefix = build_prefix(lm, enc, enabled=prefix_cache)
+            columns = seed_columns and len(decode_seeds) > 1 and packed_prefill_supported(lm)
 
             def run(rows: list[int]) -> dict:
                 t0 = time.perf_counter()
                 cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows])
                 t_pre = time.perf_counter() - t0
-                # All seeds decode together: the batch's prefilled rows are repeated once per
-                # seed (seed-major), so each decode step is one forward over len(rows) x seeds
-                # rows instead of one per seed. Each row keeps its own (seed, prompt) generator,
-                # so outputs equal separate per-seed runs.
+                # All seeds decode together, seed-major: either as columns of one cache row
+                # per prompt (the prompt's keys/values stored and read once), or with the
+                # prefilled rows repeated once per seed. Either way each decode step is one
+                # forward for all seeds, and each (seed, prompt) keeps its own generator, so
+                # outputs equal separate per-seed runs.
                 n, n_seeds = len(rows), len(decode_seeds)
                 t1 = time.perf_counter()
-                if n_seeds > 1:
-                    rep = torch.arange(n, device=mask.device).repeat(n_seeds)
-                    c, m, lg = fork_cache(cache, rows=rep), mask.index_select(0, rep), logits.index_select(0, rep)
-                else:
-                    c, m, lg = cache, mask, logits
                 sampler = _Sampler(temperature, top_p, 0, [prompts[i] for i in rows] * n_seeds,
                                    seeds=[s for s in decode_seeds for _ in rows])
-                gens = _decode(lm, c, m, lg, sampler, max_new_tokens=max_new_tokens,
-                               n_prompt=[len(enc[i]) for i in rows] * n_seeds, t0=t1)
+                if n_seeds > 1 and columns:
+                    gens = _decode_seed_columns(lm, cache, mask, logits, sampler, n_seeds=n_seeds,
+                                                max_new_tokens=max_new_tokens,
+                                                n_prompt=[len(enc[i]) for i in rows], t0=t1)
+                elif n_seeds > 1:
+                    rep = torch.arange(n, device=mask.device).repeat(n_seeds)
+                    c, m, lg = fork_cache(cache, rows=rep), mask.index_select(0, rep), logits.index_select(0, rep)
+                    gens = _decode(lm, c, m, lg, sampler, max_new_tokens=max_new_tokens,
+                                   n_prompt=[len(enc[i]) for i in rows] * n_seeds, t0=t1)
+                else:
+                    gens = _decode(lm, cache, mask, logits, sampler, max_new_tokens=max_new_tokens,
+                                   n_prompt=[len(enc[i]) for i in rows], t0=t1)
                 for g in gens:
                     g.latency_s = round(g.latency_s + t_pre, 6)
                 bar.update(n * n_seeds)

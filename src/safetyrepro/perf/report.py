@@ -1,5 +1,5 @@
 """Benchmark outputs: a JSON record per script run (``benchmarks/results/<name>.json``) with
-the exact command line, the machine and every measured number."""
+the exact command line, the machine, the code version and every measured number."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def save(name: str, payload: dict, out_dir: Path | None = None) -> Path:
     """Write ``payload`` plus command line and machine info as ``<out_dir>/<name>.json``."""
     out = Path(out_dir or RESULTS_DIR) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": name, "command": command_line(), "machine": machine_info(), **payload}
+    from ..provenance import code_version
+
+    record = {"benchmark": name, "command": command_line(), "machine": machine_info(),
+              "code_version": code_version(), **payload}
     atomic_write_text(out, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return out
