@@ -176,7 +176,7 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
 def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
     prompts = _prompts(lm)
     seeds = [0, 1, 2, 3, 4]
-    kw = dict(max_new_tokens=12, temperature=0.7, top_p=0.95, batch_size=4)
+    kw = dict(max_new_tokens=4, temperature=0.7, top_p=0.95, batch_size=4)
     shapes = []
     hook = lm.model.register_forward_pre_hook(
         lambda mod, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)

@@ -251,9 +251,10 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     ``{s: generate(..., seed=s)}``. Greedy (temperature 0) decodes once and returns the same
     generations under every seed.
 
-    With ``seed_columns`` (and where the model takes a 4D mask and has no sliding-window
-    layers), the seeds of a prompt decode as columns of one cache row
-    (:func:`_decode_seed_columns`) instead of one repeated cache row per seed; same outputs."""
+    With ``seed_columns`` (where the model takes a 4D mask and has no sliding-window layers,
+    and for batches whose prompts are at least ``2 x n_seeds x max_new_tokens`` long), the seeds
+    of a prompt decode as columns of one cache row (:func:`_decode_seed_columns`) instead of
+    one repeated cache row per seed; same outputs."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     seeds = list(dict.fromkeys(int(s) for s in seeds))
@@ -288,7 +289,11 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                 t1 = time.perf_counter()
                 sampler = _Sampler(temperature, top_p, 0, [prompts[i] for i in rows] * n_seeds,
                                    seeds=[s for s in decode_seeds for _ in rows])
-                if n_seeds > 1 and columns:
+                # Columns pay for masked-out keys (the other seeds' tokens, up to n_seeds x
+                # max_new_tokens per row) to store and read the prompt once: worth it for long
+                # (few-shot) prompts, not when the generated part rivals the prompt; the cut-off
+                # factor 2 is measured (benchmarks/bench_seed_columns.py).
+                if n_seeds > 1 and columns and mask.shape[1] >= 2 * n_seeds * max_new_tokens:
                     gens = _decode_seed_columns(lm, cache, mask, logits, sampler, n_seeds=n_seeds,
                                                 max_new_tokens=max_new_tokens,
                                                 n_prompt=[len(enc[i]) for i in rows], t0=t1)
