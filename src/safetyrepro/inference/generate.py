@@ -96,38 +96,62 @@ class _Sampler:
         return idx.squeeze(1)
 
 
+class _Outputs:
+    """What each decoded sequence has produced so far, and when and why it stopped; shared by
+    both decode loops."""
+
+    def __init__(self, lm, n: int, max_new_tokens: int, t0: float):
+        self.tok, self.stop_ids, self.stop_strings = lm.tokenizer, set(lm.stop_ids), lm.stop_strings
+        self.max_new_tokens, self.t0 = max_new_tokens, t0
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.cut: list[int | None] = [None] * n  # text cut position for stop strings
+        self.latency = [0.0] * n
+
+    def append(self, active: list[int], tokens: list[int]) -> list[int]:
+        """Append ``tokens[j]`` to sequence ``active[j]``; returns the positions j of the
+        sequences still running."""
+        keep = []
+        for j, r in enumerate(active):
+            t = tokens[j]
+            self.ids[r].append(t)
+            if t in self.stop_ids:
+                self.finish[r] = "eos"
+            elif self.stop_strings:
+                text = self.tok.decode(self.ids[r], skip_special_tokens=True)
+                hits = [text.find(s) for s in self.stop_strings if s in text]
+                if hits:
+                    self.finish[r], self.cut[r] = "eos", min(hits)
+            if self.finish[r] is None and len(self.ids[r]) >= self.max_new_tokens:
+                self.finish[r] = "length"
+            if self.finish[r] is None:
+                keep.append(j)
+            else:
+                self.latency[r] = time.perf_counter() - self.t0
+        return keep
+
+    def generations(self, n_prompt: list[int]) -> list[Generation]:
+        gens = []
+        for r, ids in enumerate(self.ids):
+            body = ids[:-1] if self.finish[r] == "eos" and ids and ids[-1] in self.stop_ids else ids
+            text = self.tok.decode(body, skip_special_tokens=True)
+            if self.cut[r] is not None:
+                text = text[:self.cut[r]]
+            gens.append(Generation(text=text, n_prompt_tokens=n_prompt[r], n_gen_tokens=len(ids),
+                                   finish_reason=self.finish[r] or "length",
+                                   latency_s=self.latency[r], token_ids=ids))
+        return gens
+
+
 def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
             n_prompt: list[int], t0: float) -> list[Generation]:
     """Decode one prefilled batch; returns one Generation per row (batch order)."""
-    tok = lm.tokenizer
-    stop_ids = set(lm.stop_ids)
-    stop_strings = lm.stop_strings
     n = logits.shape[0]
+    out = _Outputs(lm, n, max_new_tokens, t0)
     active = list(range(n))
-    out_ids: list[list[int]] = [[] for _ in range(n)]
-    finish: list[str | None] = [None] * n
-    cut: list[int | None] = [None] * n  # text cut position for stop strings
-    latency = [0.0] * n
     for step in range(max_new_tokens):
         nxt = sampler(logits, active)
-        nxt_list = nxt.tolist()
-        keep = []
-        for j, r in enumerate(active):
-            t = nxt_list[j]
-            out_ids[r].append(t)
-            if t in stop_ids:
-                finish[r] = "eos"
-            elif stop_strings:
-                text = tok.decode(out_ids[r], skip_special_tokens=True)
-                hits = [text.find(s) for s in stop_strings if s in text]
-                if hits:
-                    finish[r], cut[r] = "eos", min(hits)
-            if finish[r] is None and len(out_ids[r]) >= max_new_tokens:
-                finish[r] = "length"
-            if finish[r] is None:
-                keep.append(j)
-            else:
-                latency[r] = time.perf_counter() - t0
+        keep = out.append(active, nxt.tolist())
         if not keep:
             break
         if len(keep) < len(active):
@@ -141,21 +165,11 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = mask.sum(dim=1, keepdim=True) - 1
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1)[:, -1, :].float()
-    gens = []
-    for r in range(n):
-        ids = out_ids[r]
-        body = ids[:-1] if finish[r] == "eos" and ids and ids[-1] in stop_ids else ids
-        text = tok.decode(body, skip_special_tokens=True)
-        if cut[r] is not None:
-            text = text[:cut[r]]
-        gens.append(Generation(text=text, n_prompt_tokens=n_prompt[r], n_gen_tokens=len(ids),
-                               finish_reason=finish[r] or "length", latency_s=latency[r],
-                               token_ids=ids))
-    return gens
+    return out.generations(n_prompt)
 
 
 def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
-                        max_new_tokens: int, n_prompt: list[int], t0: float) -> list[Generation]:
+                         max_new_tokens: int, n_prompt: list[int], t0: float) -> list[Generation]:
     """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
 
     The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
@@ -166,43 +180,19 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
     step instead of once per seed. Rows are ordered seed-major (row ``s * n + i`` = seed s of
     prompt i), as in the repeated-rows path; finished seeds feed a masked dummy token until
     every seed of their prompt is done, then the prompt's row leaves the batch."""
-    tok = lm.tokenizer
-    stop_ids = set(lm.stop_ids)
-    stop_strings = lm.stop_strings
     n, k = logits.shape[0], n_seeds
-    total = n * k
+    out = _Outputs(lm, n * k, max_new_tokens, t0)
     dev = mask.device
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    active = list(range(total))
-    out_ids: list[list[int]] = [[] for _ in range(total)]
-    finish: list[str | None] = [None] * total
-    cut: list[int | None] = [None] * total
-    latency = [0.0] * total
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    active = list(range(n * k))
     row_of = list(range(n))          # current cache row of each prompt (-1 once dropped)
     alive_items = list(range(n))
     base = mask.bool()
-    cur = logits.repeat(k, 1)        # [total, V] logits of the active rows, in active order
+    cur = logits.repeat(k, 1)        # [n * k, V] logits of the active sequences, in active order
     own = torch.eye(k, dtype=torch.bool, device=dev)
     for step in range(max_new_tokens):
-        nxt = sampler(cur, active)
-        nxt_list = nxt.tolist()
-        keep = []
-        for j, v in enumerate(active):
-            t = nxt_list[j]
-            out_ids[v].append(t)
-            if t in stop_ids:
-                finish[v] = "eos"
-            elif stop_strings:
-                text = tok.decode(out_ids[v], skip_special_tokens=True)
-                hits = [text.find(s) for s in stop_strings if s in text]
-                if hits:
-                    finish[v], cut[v] = "eos", min(hits)
-            if finish[v] is None and len(out_ids[v]) >= max_new_tokens:
-                finish[v] = "length"
-            if finish[v] is None:
-                keep.append(j)
-            else:
-                latency[v] = time.perf_counter() - t0
+        nxt_list = sampler(cur, active).tolist()
+        keep = out.append(active, nxt_list)
         if not keep:
             break
         still = sorted({active[j] % n for j in keep})
@@ -224,22 +214,12 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
         pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
         allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
                              own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
-        out = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache)
+        logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache)
         active = [active[j] for j in keep]
         rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
         cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
-        cur = out[rows, cols].float()
-    gens = []
-    for v in range(total):
-        ids = out_ids[v]
-        body = ids[:-1] if finish[v] == "eos" and ids and ids[-1] in stop_ids else ids
-        text = tok.decode(body, skip_special_tokens=True)
-        if cut[v] is not None:
-            text = text[:cut[v]]
-        gens.append(Generation(text=text, n_prompt_tokens=n_prompt[v % n], n_gen_tokens=len(ids),
-                               finish_reason=finish[v] or "length", latency_s=latency[v],
-                               token_ids=ids))
-    return gens
+        cur = logits[rows, cols].float()
+    return out.generations([n_prompt[v % n] for v in range(n * k)])
 
 
 def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tokens: int,
