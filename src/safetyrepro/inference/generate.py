@@ -227,14 +227,16 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                         progress=None, prefix_cache: bool = True,
                         seed_columns: bool = True) -> dict[int, list[Generation]]:
     """Generate ``prompts`` once per seed, prefilling each batch ONCE and decoding each seed
-    from a fork of the prefilled cache. ``{seed: [Generation in input order]}``; identical to
-    ``{s: generate(..., seed=s)}``. Greedy (temperature 0) decodes once and returns the same
-    generations under every seed.
+    from the prefilled cache. ``{seed: [Generation in input order]}``; in fp32 identical to
+    ``{s: generate(..., seed=s)}`` (tested); in bf16/NF4 compute the different summation order
+    of a batched forward can flip a sampled token, while a rerun of the same call is always
+    identical. Greedy (temperature 0) decodes once and returns the same generations under
+    every seed.
 
     With ``seed_columns`` (where the model takes a 4D mask and has no sliding-window layers,
     and for batches whose prompts are at least ``2 x n_seeds x max_new_tokens`` long), the seeds
     of a prompt decode as columns of one cache row (:func:`_decode_seed_columns`) instead of
-    one repeated cache row per seed; same outputs."""
+    one repeated cache row per seed (same outputs in fp32)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     seeds = list(dict.fromkeys(int(s) for s in seeds))
