@@ -44,9 +44,8 @@ def main(argv=None) -> int:
     from safetyrepro.config import load_config
     from safetyrepro.inference import encode_prompt, generate
     from safetyrepro.models import load_model
-    from safetyrepro.perf.machine import describe, machine_info
-    from safetyrepro.perf.report import save
-    from safetyrepro.perf.timing import alternate, format_table
+    from safetyrepro.perf.report import publish
+    from safetyrepro.perf.timing import alternate
     from safetyrepro.perf.workload import freeform_prompts, load_workload
 
     torch.set_num_threads(args.threads)
@@ -102,14 +101,9 @@ def main(argv=None) -> int:
                          timed.median("safetyrepro"), timed.median("naive generate"),
                          f"{rec['ratio']:.2f}x", f"{same}/{len(prompts)}"])
         del lm
-    info = machine_info()
-    table = format_table(["model", "cell", "max new", "items", "prompt tok", "gen tok", "rounds",
-                          "ours s", "naive s", "speed-up", "identical"], rows)
-    print("\n" + table)
-    print(f"\nmachine: {describe(info)}")
-    path = save("generate", {"records": records, "table": table, "threads": args.threads, "loadavg_start": load_start},
-                out_dir=args.out)
-    print(f"written: {path}")
+    publish("generate", ["model", "cell", "max new", "items", "prompt tok", "gen tok", "rounds",
+                         "ours s", "naive s", "speed-up", "identical"], rows,
+            {"records": records, "threads": args.threads, "loadavg_start": load_start}, out_dir=args.out)
     return 0
 
 

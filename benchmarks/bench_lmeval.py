@@ -53,9 +53,8 @@ def main(argv=None) -> int:
     from safetyrepro.config import load_config
     from safetyrepro.inference import encode_pair, score_candidates
     from safetyrepro.models import load_model
-    from safetyrepro.perf.machine import describe, machine_info
-    from safetyrepro.perf.report import save
-    from safetyrepro.perf.timing import alternate, format_table
+    from safetyrepro.perf.report import publish
+    from safetyrepro.perf.timing import alternate
     from safetyrepro.perf.workload import load_workload, logprob_requests
 
     torch.set_num_threads(args.threads)
@@ -149,15 +148,10 @@ def main(argv=None) -> int:
                          f"{min(rec['paired_ratios']):.2f}-{max(rec['paired_ratios']):.2f}",
                          f"{argmax_same}/{len(contexts)}", f"{max(diffs):.1e}"])
         del hf, lm
-    info = machine_info()
-    table = format_table(["model", "cell", "items / cands", "cand tok", "rounds", "ours s (median)",
-                          "lm-eval s (median)", "speed-up", "paired range", "argmax same",
-                          "max |dLL|"], rows)
-    print("\n" + table)
-    print(f"\nmachine: {describe(info)}")
-    path = save("lmeval", {"records": records, "table": table, "threads": args.threads, "loadavg_start": load_start},
-                out_dir=args.out)
-    print(f"written: {path}")
+    publish("lmeval", ["model", "cell", "items / cands", "cand tok", "rounds", "ours s (median)",
+                       "lm-eval s (median)", "speed-up", "paired range", "argmax same", "max |dLL|"],
+            rows, {"records": records, "threads": args.threads, "loadavg_start": load_start},
+            out_dir=args.out)
     return 0
 
 

@@ -85,9 +85,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return 0
 
-    from safetyrepro.perf.machine import describe, machine_info
-    from safetyrepro.perf.report import save
-    from safetyrepro.perf.timing import format_table
+    from safetyrepro.perf.report import publish
 
     import torch
 
@@ -127,20 +125,14 @@ def main(argv=None) -> int:
                      f"{ref['prefill_tok_s'] and r['prefill_tok_s'] / ref['prefill_tok_s']:.2f}",
                      f"{r['decode_tok_s'] / ref['decode_tok_s']:.2f}",
                      f"{r['weights_mib'] / ref['weights_mib']:.2f}"])
-    table = format_table(["model", "quant", "load s", "weights MiB", "peak RSS MiB",
-                          "peak - baseline MiB",
-                          "prefill tok/s", "decode tok/s", "12-item freeform s",
-                          "12-item logprob s", "prefill vs bf16", "decode vs bf16",
-                          "weights vs bf16"], rows)
-    info = machine_info()
-    print("\n" + table)
-    print(f"\nmachine: {describe(info)}; measure_speed batch {args.bs}, "
-          f"{args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens")
-    path = save("quant", {"records": records, "table": table, "threads": args.threads,
-                          "loadavg_start": load_start,
-                          "measure_speed": {"batch_size": args.bs, "prompt_tokens": args.prompt_tokens,
-                                            "new_tokens": args.new_tokens}}, out_dir=args.out)
-    print(f"written: {path}")
+    publish("quant", ["model", "quant", "load s", "weights MiB", "peak RSS MiB", "peak - baseline MiB",
+                      "prefill tok/s", "decode tok/s", "12-item freeform s", "12-item logprob s",
+                      "prefill vs bf16", "decode vs bf16", "weights vs bf16"], rows,
+            {"records": records, "threads": args.threads, "loadavg_start": load_start,
+             "measure_speed": {"batch_size": args.bs, "prompt_tokens": args.prompt_tokens,
+                               "new_tokens": args.new_tokens}},
+            out_dir=args.out, note=f"measure_speed batch {args.bs}, {args.prompt_tokens} prompt "
+                                   f"tokens, {args.new_tokens} new tokens")
     return 0
 
 

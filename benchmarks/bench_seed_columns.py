@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     from safetyrepro.cells import load_for_worker, run_cell
     from safetyrepro.config import load_config
     from safetyrepro.inference.generate import generate_multi_seed
-    from safetyrepro.perf.report import save
-    from safetyrepro.perf.timing import alternate, format_table
+    from safetyrepro.perf.report import publish
+    from safetyrepro.perf.timing import alternate
     from safetyrepro.plan import Plan
 
     if args.threads:
@@ -91,14 +91,11 @@ def main(argv=None) -> int:
         records.append({"cell": cell, "times_s": timed.times, "ratio": ratio,
                         "paired_ratios": timed.paired_ratios("rows", "columns"),
                         "identical_outputs": same, "n_outputs": total})
-    table = format_table(["cell", "rows s (median)", "columns s (median)", "speed-up",
-                          "outputs identical"], rows)
-    print(table)
-    path = save("seed_columns", {"model": args.model, "quantization": lm.info["quantization"],
-                                 "benchmark": args.benchmark, "threads": torch.get_num_threads(),
-                                 "loadavg_start": load_start, "records": records, "table": table},
-                out_dir=args.out)
-    print(f"wrote {path}")
+    publish("seed_columns", ["cell", "rows s (median)", "columns s (median)", "speed-up",
+                             "outputs identical"], rows,
+            {"model": args.model, "quantization": lm.info["quantization"], "benchmark": args.benchmark,
+             "threads": torch.get_num_threads(), "loadavg_start": load_start, "records": records},
+            out_dir=args.out)
     return 0
 
 

@@ -12,6 +12,11 @@ alternately:
 * seeds share the prefill: ``generate_multi_seed(seeds, prefix_cache=False)``
 * both (what cells run):  ``generate_multi_seed(seeds)``
 
+The two multi-seed variants decode with the repeated-rows layout (``seed_columns=False``), as
+the per-seed variants do, so the comparison isolates the prefill; decoding a prompt's seeds
+as columns of one cache row (what cells now run on long prompts) is benchmark 3b,
+``bench_seed_columns.py``.
+
 Reports the prompt positions run through the model (prefill forwards, padding included) and
 the decode row-steps (both counted by a forward hook), wall time and the ratios to
 "recompute everything", and checks that all variants give identical outputs for every seed. Writes benchmarks/results/seeds.json. Run: see benchmarks/README.md.
@@ -46,9 +51,8 @@ def main(argv=None) -> int:
     from safetyrepro.grid import Config
     from safetyrepro.inference import generate, generate_multi_seed
     from safetyrepro.models import load_model
-    from safetyrepro.perf.machine import describe, machine_info
-    from safetyrepro.perf.report import save
-    from safetyrepro.perf.timing import alternate, format_table
+    from safetyrepro.perf.report import publish
+    from safetyrepro.perf.timing import alternate
     from safetyrepro.perf.workload import freeform_prompts, load_workload
 
     torch.set_num_threads(args.threads)
@@ -82,7 +86,10 @@ def main(argv=None) -> int:
         return lambda: {s: generate(lm, prompts, seed=s, prefix_cache=prefix, **kw) for s in seeds}
 
     def multi(prefix):
-        return lambda: generate_multi_seed(lm, prompts, seeds, prefix_cache=prefix, **kw)
+        # repeated-rows decode layout, as in the per-seed variants, so that only the prefill
+        # differs (seed columns change the decode layout; bench_seed_columns.py measures them)
+        return lambda: generate_multi_seed(lm, prompts, seeds, prefix_cache=prefix,
+                                           seed_columns=False, **kw)
 
     variants = {"recompute everything": per_seed(False), "shared prefix only": per_seed(True),
                 "seeds share the prefill": multi(False), "both (cells)": multi(True)}
@@ -111,19 +118,13 @@ def main(argv=None) -> int:
              f"{base / timed.median(name):.2f}x",
              f"{tokens['recompute everything']['prefill'] / tokens[name]['prefill']:.2f}x",
              "yes" if ident[name] else "NO"] for name in variants]
-    table = format_table(["variant", "prompt positions run", "decode row-steps", "seconds (median)",
-                          "speed-up", "prefill saved", "outputs identical"], rows)
-    print("\n" + table)
-    print(f"\n{distinct} distinct outputs over {len(seeds)} seeds (sampling is live)")
-    info = machine_info()
-    print(f"machine: {describe(info)}")
-    path = save("seeds", {"model": args.model, "dtype": args.dtype, "cell": args.cell,
-                          "n_items": len(prompts), "seeds": seeds, "max_new_tokens": n_new,
-                          "tokens": tokens, "times_s": timed.times,
-                          "median_s": {k: timed.median(k) for k in timed.times},
-                          "identical": ident, "distinct_seed_outputs": distinct,
-                          "table": table, "threads": args.threads, "loadavg_start": load_start}, out_dir=args.out)
-    print(f"written: {path}")
+    publish("seeds", ["variant", "prompt positions run", "decode row-steps", "seconds (median)",
+                      "speed-up", "prefill saved", "outputs identical"], rows,
+            {"model": args.model, "dtype": args.dtype, "cell": args.cell, "n_items": len(prompts),
+             "seeds": seeds, "max_new_tokens": n_new, "tokens": tokens, "times_s": timed.times,
+             "median_s": {k: timed.median(k) for k in timed.times}, "identical": ident,
+             "distinct_seed_outputs": distinct, "threads": args.threads, "loadavg_start": load_start},
+            out_dir=args.out, note=f"{distinct} distinct outputs over {len(seeds)} seeds (sampling is live)")
     return 0
 
 

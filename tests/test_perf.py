@@ -12,7 +12,7 @@ import pytest
 from safetyrepro.config import load_config
 from safetyrepro.paths import PROJECT_ROOT
 from safetyrepro.perf.machine import describe, machine_info, peak_rss_mib
-from safetyrepro.perf.report import save
+from safetyrepro.perf.report import publish, save
 from safetyrepro.perf.timing import alternate, format_table
 from safetyrepro.perf.workload import freeform_prompts, load_workload, logprob_requests
 from safetyrepro.provenance import code_version
@@ -54,6 +54,15 @@ def test_machine_record_and_saved_json(tmp_path):
     assert rec["benchmark"] == "unit" and rec["x"] == 1 and rec["machine"]["cpu"]
     assert rec["command"]
     assert rec["code_version"]["source_sha256"] == code_version()["source_sha256"]
+
+
+def test_publish_prints_the_table_and_saves_it_with_the_payload(tmp_path, capsys):
+    path = publish("unit2", ["a", "b"], [["x", 1.5]], {"records": [1]}, out_dir=tmp_path, note="n=1")
+    out = capsys.readouterr().out
+    rec = json.loads(path.read_text())
+    assert "| x | 1.50 |" in out and "machine: " in out and out.rstrip().endswith(str(path))
+    assert "; n=1" in out
+    assert rec["records"] == [1] and rec["table"] in out and rec["benchmark"] == "unit2"
 
 
 @pytest.fixture(scope="module")

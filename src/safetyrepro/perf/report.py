@@ -35,3 +35,19 @@ def save(name: str, payload: dict, out_dir: Path | None = None) -> Path:
               "code_version": code_version(), **payload}
     atomic_write_text(out, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
     return out
+
+
+def publish(name: str, headers: list[str], rows: list[list[object]], payload: dict, *,
+            out_dir: Path | str | None = None, note: str = "") -> Path:
+    """The common end of every benchmark script: print the result table and the machine
+    line (plus ``note``), then save ``payload`` with the table (:func:`save`)."""
+    from .machine import describe
+    from .timing import format_table
+
+    table = format_table(headers, rows)
+    record = {**payload, "table": table}
+    print("\n" + table)
+    print(f"\nmachine: {describe(machine_info())}{'; ' + note if note else ''}")
+    path = save(name, record, out_dir)
+    print(f"written: {path}")
+    return path
