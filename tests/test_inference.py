@@ -23,6 +23,8 @@ from safetyrepro.inference.generate import item_seed
 from safetyrepro.models import format_prompt, load_model
 from safetyrepro.paths import PROJECT_ROOT
 
+from inference_support import reference_greedy
+
 pytestmark = pytest.mark.slow
 
 KEY = "smollm2-135m"
@@ -56,14 +58,6 @@ def lm_bf16(cfg):
 def _prompts(lm, questions=QUESTIONS):
     return [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
                                          {"role": "user", "content": q}]) for q in questions]
-
-
-def _reference_greedy(lm, prompt: str, max_new_tokens: int) -> list[int]:
-    ids = torch.tensor([encode_prompt(lm.tokenizer, prompt)])
-    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                            max_new_tokens=max_new_tokens, eos_token_id=lm.stop_ids,
-                            pad_token_id=lm.tokenizer.pad_token_id)
-    return out[0, ids.shape[1]:].tolist()
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,7 +114,7 @@ def test_batched_greedy_equals_per_item_model_generate_fp32(lm, greedy):
     unshared = generate(lm, prompts, max_new_tokens=n, temperature=0, batch_size=4,
                         prefix_cache=False)
     for p, g, u in zip(prompts, batched, unshared):
-        ref = _reference_greedy(lm, p, n)
+        ref = reference_greedy(lm, p, n)
         assert g.token_ids == ref
         assert u.token_ids == ref
         stopped = ref[-1] in lm.stop_ids

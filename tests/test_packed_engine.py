@@ -23,6 +23,8 @@ from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, it
 from safetyrepro.models import format_prompt, load_model
 from safetyrepro.paths import PROJECT_ROOT
 
+from inference_support import reference_greedy
+
 
 # --------------------------------------------------------------------------------------------
 # layout (no model)
@@ -202,11 +204,7 @@ def test_packed_prefill_equals_padded_prefill(cfg):
     # end to end: greedy generation through the packed prefill equals per-item generate
     gens = generate(lm, prompts, max_new_tokens=6, temperature=0, batch_size=4)
     for p, g in zip(prompts, gens):
-        ids = torch.tensor([encode_prompt(lm.tokenizer, p)])
-        ref = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=6, eos_token_id=lm.stop_ids,
-                                pad_token_id=lm.tokenizer.pad_token_id)
-        assert g.token_ids == ref[0, ids.shape[1]:].tolist()
+        assert g.token_ids == reference_greedy(lm, p, 6)
 
 
 def test_reserved_layer_writes_in_place_and_forks_independently():
@@ -255,10 +253,6 @@ def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3)
     for p, g in zip(prompts, gens):
-        ids = torch.tensor([encode_prompt(gemma.tokenizer, p)])
-        ref = gemma.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                   max_new_tokens=8, eos_token_id=gemma.stop_ids,
-                                   pad_token_id=gemma.tokenizer.pad_token_id)
-        ref_ids = ref[0, ids.shape[1]:].tolist()
+        ref_ids = reference_greedy(gemma, p, 8)
         # ours may stop earlier at the plain format's "\nUser:" marker
         assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1
