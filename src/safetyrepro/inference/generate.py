@@ -144,8 +144,9 @@ class _Outputs:
 
 
 def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
-            n_prompt: list[int], t0: float) -> list[Generation]:
-    """Decode one prefilled batch; returns one Generation per row (batch order)."""
+            n_prompt: list[int], t0: float, shared: int = 0) -> list[Generation]:
+    """Decode one prefilled batch; returns one Generation per row (batch order). ``shared``:
+    the length of the shared prefix the cache rows start with (:func:`.kvcache.forward`)."""
     n = logits.shape[0]
     out = _Outputs(lm, n, max_new_tokens, t0)
     active = list(range(n))
@@ -164,12 +165,14 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
             cache = reserve(cache, max_new_tokens)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = mask.sum(dim=1, keepdim=True) - 1
-        logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1)[:, -1, :].float()
+        logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1,
+                         shared=shared)[:, -1, :].float()
     return out.generations(n_prompt)
 
 
 def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
-                         max_new_tokens: int, n_prompt: list[int], t0: float) -> list[Generation]:
+                         max_new_tokens: int, n_prompt: list[int], t0: float,
+                         shared: int = 0) -> list[Generation]:
     """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
 
     The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
@@ -214,7 +217,8 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
         pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
         allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
                              own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
-        logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache)
+        logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+                         shared=shared)
         active = [active[j] for j in keep]
         rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
         cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
@@ -278,15 +282,17 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                 if n_seeds > 1 and columns and mask.shape[1] >= 2 * n_seeds * max_new_tokens:
                     gens = _decode_seed_columns(lm, cache, mask, logits, sampler, n_seeds=n_seeds,
                                                 max_new_tokens=max_new_tokens,
-                                                n_prompt=[len(enc[i]) for i in rows], t0=t1)
+                                                n_prompt=[len(enc[i]) for i in rows], t0=t1,
+                                                shared=len(prefix))
                 elif n_seeds > 1:
                     rep = torch.arange(n, device=mask.device).repeat(n_seeds)
                     c, m, lg = fork_cache(cache, rows=rep), mask.index_select(0, rep), logits.index_select(0, rep)
                     gens = _decode(lm, c, m, lg, sampler, max_new_tokens=max_new_tokens,
-                                   n_prompt=[len(enc[i]) for i in rows] * n_seeds, t0=t1)
+                                   n_prompt=[len(enc[i]) for i in rows] * n_seeds, t0=t1,
+                                   shared=len(prefix))
                 else:
                     gens = _decode(lm, cache, mask, logits, sampler, max_new_tokens=max_new_tokens,
-                                   n_prompt=[len(enc[i]) for i in rows], t0=t1)
+                                   n_prompt=[len(enc[i]) for i in rows], t0=t1, shared=len(prefix))
                 for g in gens:
                     g.latency_s = round(g.latency_s + t_pre, 6)
                 bar.update(n * n_seeds)

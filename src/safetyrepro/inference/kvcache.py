@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import NAME as ATTENTION
+from .attention import attn_implementation, shared_prefix
 from .encoding import common_prefix_len
 
 MIN_PREFIX = 8  # shorter shared prefixes are not worth a separate forward
@@ -45,11 +47,25 @@ def new_cache(lm):
 
 
 def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            position_ids: torch.Tensor, cache, logits_to_keep: int = 0) -> torch.Tensor:
-    """One forward pass extending ``cache`` in place; returns the logits (kept positions)."""
-    out = lm.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                   use_cache=True, logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
+            position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
+            shared: int = 0) -> torch.Tensor:
+    """One forward pass extending ``cache`` in place; returns the logits (kept positions).
+
+    ``shared``: the first ``shared`` cached columns of every row are the call's shared prefix
+    (the ``[prefix][pads][suffix]`` layout of this module); where the model's attention can
+    use that (:func:`shares_prefix`), it reads them once for the whole batch
+    (:mod:`.attention`)."""
+    with shared_prefix(shared if shared and shares_prefix(lm) else 0):
+        out = lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids, use_cache=True,
+                       logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
     return out.logits
+
+
+def shares_prefix(lm) -> bool:
+    """Whether ``lm`` runs the engine's attention (:data:`.attention.NAME`) on layers that all
+    attend fully, so a batch's shared prefix columns can be read once."""
+    return attn_implementation(lm.model) == ATTENTION and packed_prefill_supported(lm)
 
 
 def positions(mask: torch.Tensor, last: int) -> torch.Tensor:
@@ -216,7 +232,7 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True):
     mask = torch.cat([torch.ones((len(seqs), p), dtype=torch.long), smask], dim=1).to(dev)
     inp = inp.to(dev)
     cache = fork_cache(prefix.cache, expand=len(seqs)) if p else new_cache(lm)
-    logits = forward(lm, inp, mask, positions(mask, width), cache, logits_to_keep=1)
+    logits = forward(lm, inp, mask, positions(mask, width), cache, logits_to_keep=1, shared=p)
     return cache, mask, logits[:, -1, :].float()
 
 
@@ -274,7 +290,7 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
     allowed = torch.cat([real[:, :, None].expand(n_rows, width, p), new], dim=2)
     cache = fork_cache(prefix.cache, expand=n_rows) if p else new_cache(lm)
     logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                     logits_to_keep=keep.to(dev))
+                     logits_to_keep=keep.to(dev), shared=p)
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
         raise RuntimeError("the model ignored a boolean logits_to_keep during packed prefill")
     rank = torch.full((n_rows, width), -1, dtype=torch.long)

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-MASKABLE = ("sdpa", "eager")
+from .attention import SDPA_LIKE
+
+MASKABLE = (*SDPA_LIKE, "eager")
 LAYER_KINDS = ("full_attention", "sliding_attention")
 MAX_ROW_FACTOR = 4   # rows hold at most this many times the longest item ...
 MAX_ROW_TOKENS = 512  # ... and at most this many columns (unless one item is longer)
@@ -228,7 +230,7 @@ def attention_mask_4d(lm, allowed: torch.Tensor) -> torch.Tensor:
     float (0 / dtype min) for eager attention."""
     config = _text_config(lm.model.config)
     m = allowed[:, None]
-    if config._attn_implementation == "sdpa":
+    if config._attn_implementation in SDPA_LIKE:
         return m
     dtype = lm.model.dtype
     return torch.zeros(m.shape, dtype=dtype).masked_fill(~m, torch.finfo(dtype).min)

@@ -190,7 +190,7 @@ def _run_packed(lm, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> dict:
     cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm)
     keep = pack.keep.to(dev)
     logits = forward(lm, pack.input_ids.to(dev), attention_mask_4d(lm, pack.allowed).to(dev),
-                     pack.position_ids.to(dev), cache, logits_to_keep=keep)
+                     pack.position_ids.to(dev), cache, logits_to_keep=keep, shared=len(prefix))
     if logits.dim() != 2 or logits.shape[0] != int(pack.keep.sum()):
         raise _PackedUnsupported()
     logits = logits.float()                                      # [K, V]
@@ -239,7 +239,8 @@ def _run_fork(lm, prefix, ctx_ids, cont_ids, bar, batch_size: int, rows: list[in
         sel = torch.tensor([b for b, _ in chunk], dtype=torch.long, device=dev)
         full_mask = torch.cat([mask.index_select(0, sel), cmask.to(dev)], dim=1)
         pos = positions(full_mask, width)
-        logits = forward(lm, inp.to(dev), full_mask, pos, fork_cache(cache, rows=sel))
+        logits = forward(lm, inp.to(dev), full_mask, pos, fork_cache(cache, rows=sel),
+                         shared=len(prefix))
         logp = log_probs(logits)
         lp, hit = _token_stats(logp, tgt.to(dev))
         lp, hit = lp.cpu(), hit.cpu()

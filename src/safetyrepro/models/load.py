@@ -9,6 +9,11 @@ Quantisation levels (config ``models.<key>.quantization``, overridable per call)
 * ``bf16``: all weights in bfloat16.
 * ``fp32``: all weights in float32.
 
+On a CPU, NF4 layers are dequantised once at load (:mod:`.nf4`: the same effective weights,
+no per-call dequantisation) and attention runs the engine's implementation
+(:mod:`safetyrepro.inference.attention`: grouped heads without copies, a batch's shared prefix
+read once); ``info["nf4_matmul"]`` and ``info["attention"]`` record what a model uses.
+
 Device: ``runtime.device`` (``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else
 ``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``.
 """
@@ -90,6 +95,8 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..inference.attention import attn_implementation, use_engine_attention
+
     spec = cfg.model(key)
     quant = quantization or spec.get("quantization", "nf4")
     if quant not in QUANTIZATIONS:
@@ -119,6 +126,16 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         if bars:
             hf_logging.enable_progress_bar()
     model.eval()
+    nf4_matmul = None
+    if quant == "nf4":
+        from .nf4 import BITSANDBYTES, DEQUANTIZED, dequantize_linear4bit
+
+        nf4_matmul = BITSANDBYTES
+        if dev == "cpu" and dequantize_linear4bit(model):
+            nf4_matmul = DEQUANTIZED
+    attention = attn_implementation(model)
+    if dev == "cpu" and use_engine_attention(model):
+        attention = attn_implementation(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
         if tok.pad_token_id is None:
@@ -141,7 +158,10 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "transformers_version": _version("transformers"),
         "bitsandbytes_version": _version("bitsandbytes"),
         "chat_template": bool(getattr(tok, "chat_template", None)),
+        "attention": attention,
     }
+    if nf4_matmul:
+        info["nf4_matmul"] = nf4_matmul
     params = inspect.signature(model.forward).parameters
     cache_kwarg = "cache" if "cache" in params else "past_key_values"
     return LoadedModel(model=model, tokenizer=tok, info=info,

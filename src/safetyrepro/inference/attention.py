@@ -1,0 +1,155 @@
+"""Attention for the CPU engine: grouped heads without copies, and the shared prefix read once.
+
+Two costs dominate CPU decoding of the few-shot cells once the matmuls are plain bf16 GEMMs
+(:mod:`safetyrepro.models.nf4`), and neither is arithmetic:
+
+* **Copies for grouped-query attention.** The embedded models share each key/value head among
+  several query heads (SmolLM2: 9 query heads on 3 key/value heads, Qwen2.5-0.5B: 14 on 2,
+  Gemma-3-270M: 4 on 1). transformers' ``sdpa`` function avoids copying only for a single
+  query position or an absent mask; with a mask and several query positions (packed prefill,
+  packed candidate scoring, and above all the seed columns of a sampled config, five query
+  positions per row at every decode step) it first expands keys and values to one copy per
+  query head, so every layer writes and reads ``groups`` copies of the whole cache per step.
+* **The shared prefix, once per row.** Every row of a batch starts with the same cached tokens
+  (the call's shared prefix: system text, few-shot exemplars, instructions;
+  :func:`.kvcache.build_prefix`), often most of the cache. A per-row kernel reads that prefix
+  once for every row at every step.
+
+:func:`engine_attention` (registered as the attention implementation :data:`NAME`) handles
+both. Inside :func:`shared_prefix` ``(p)`` the engine declares that the first ``p`` key
+columns of every row of the batch are the same tokens and visible to every query (true for the
+layouts the engine builds: ``[prefix][pads][suffix][generated]``; padding queries, whose
+outputs are never used, then see the prefix too). Attention then splits into
+
+* the prefix part: one matrix product per key/value head for ALL rows, query heads and query
+  positions at once (``[rows * groups * Q, D] x [D, p]``), reading the prefix keys/values once;
+* the row part: each row's own columns under its mask, query heads folded per key/value head
+  (``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``), no copies;
+
+merged by their log-sum-exp ("cascade" attention). Scores, softmax and the weighted sums run
+in float32, as the fused CPU kernel accumulates them. Outside that context, or where the layout
+does not apply (no mask, a per-head mask, a position bias, soft-capping), it is transformers'
+own ``sdpa`` function. Results equal the ``sdpa`` path up to floating-point summation order
+(tests compare both on random tensors and on model outputs).
+
+Only for models whose layers all attend fully: on sliding-window layers the cache holds the
+last window, not the prefix (:func:`.kvcache.packed_prefill_supported` decides; the engine
+passes ``shared=0`` otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
+accepts :data:`NAME` too (:data:`SDPA_LIKE`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import torch
+
+NAME = "sdpa_engine"
+SDPA_LIKE = ("sdpa", NAME)  # implementations that take sdpa's boolean 4D masks
+
+_SHARED = contextvars.ContextVar("safetyrepro_shared_prefix", default=0)
+
+
+@contextlib.contextmanager
+def shared_prefix(p: int):
+    """Within this context, forward passes treat the first ``p`` key columns of every batch row
+    as one shared prefix visible to every query (see the module docstring)."""
+    token = _SHARED.set(int(p))
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def _fold_mask(mask: torch.Tensor, groups: int, q: int) -> torch.Tensor:
+    """``[mb, 1, Q, K]`` -> ``[mb, 1, groups * Q, K]`` (the same rows for each folded head)."""
+    if q == 1:
+        return mask  # broadcasts over the folded axis
+    mb, _, _, k = mask.shape
+    return mask[:, :, None].expand(mb, 1, groups, q, k).reshape(mb, 1, groups * q, k)
+
+
+def _cascade(query, key, value, mask, p: int, groups: int, scale: float) -> torch.Tensor:
+    """Attention of ``query`` ``[B, Hq, Q, D]`` over ``key``/``value`` ``[B, Hkv, K, D]`` whose
+    first ``p`` columns are shared by all rows; ``mask`` ``[mb, 1, Q, K]`` is read for the
+    other columns only. Returns ``[B, Hq, Q, D]`` in float32."""
+    b, hq, q, d = query.shape
+    hkv = key.shape[1]
+    gq = groups * q
+    qf = query.float().reshape(b, hkv, gq, d)
+    # prefix: one product per key/value head over all rows (keys/values of row 0 = every row's)
+    kp, vp = key[0, :, :p].float(), value[0, :, :p].float()              # [Hkv, p, D]
+    sp = torch.bmm(qf.transpose(0, 1).reshape(hkv, b * gq, d), kp.transpose(1, 2))
+    sp.mul_(scale)                                                       # [Hkv, B*GQ, p]
+    mp = sp.amax(dim=-1, keepdim=True)
+    ep = sp.sub_(mp).exp_()
+    lp = ep.sum(dim=-1, keepdim=True)
+    op = torch.bmm(ep, vp)                                               # [Hkv, B*GQ, D]
+
+    def rows(t):  # [Hkv, B*GQ, X] -> [B, Hkv, GQ, X]
+        return t.reshape(hkv, b, gq, t.shape[-1]).transpose(0, 1)
+
+    mp, lp, op = rows(mp), rows(lp), rows(op)
+    # the rows' own columns, masked
+    ko, vo = key[:, :, p:].float(), value[:, :, p:].float()               # [B, Hkv, K', D]
+    so = torch.matmul(qf, ko.transpose(-1, -2)).mul_(scale)              # [B, Hkv, GQ, K']
+    m = _fold_mask(mask[..., p:], groups, q)
+    if m.dtype == torch.bool:
+        so.masked_fill_(~m, float("-inf"))
+    else:
+        so.add_(m.float())
+    mo = so.amax(dim=-1, keepdim=True)
+    top = torch.maximum(mp, mo)                                          # finite: mp is
+    eo = so.sub_(top).exp_()
+    w = (mp - top).exp_()
+    out = (op * w + torch.matmul(eo, vo)) / (lp * w + eo.sum(dim=-1, keepdim=True))
+    return out.reshape(b, hq, q, d)
+
+
+def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                     scaling: float | None = None, is_causal: bool | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: ``query`` ``[B, Hq, Q, D]``, ``key`` /
+    ``value`` ``[B, Hkv, K, D]``, ``attention_mask`` ``[B or 1, 1, Q, K]`` (boolean: may
+    attend; or additive float) or None; returns ``([B, Q, Hq, D], None)``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    p = _SHARED.get()
+    b, hq, q, d = query.shape
+    hkv = key.shape[1]
+    groups = hq // hkv
+    if (not 0 < p < key.shape[2] or attention_mask is None or attention_mask.shape[1] != 1
+            or hq != hkv * groups or kwargs.get("position_bias") is not None
+            or kwargs.get("softcap") is not None or (dropout and module.training)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    scale = scaling if scaling is not None else d ** -0.5
+    out = _cascade(query, key, value, attention_mask, p, groups, scale).to(query.dtype)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register :data:`NAME` with transformers' attention and mask interfaces (idempotent)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if NAME not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+        ALL_ATTENTION_FUNCTIONS.register(NAME, engine_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+
+
+def attn_implementation(model) -> str | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "_attn_implementation", None)
+
+
+def use_engine_attention(model) -> bool:
+    """Switch ``model`` from ``sdpa`` to :data:`NAME`; returns whether it did (models loaded
+    with another implementation, e.g. eager, keep theirs)."""
+    if attn_implementation(model) != "sdpa":
+        return False
+    register()
+    model.set_attn_implementation(NAME)
+    return attn_implementation(model) == NAME
