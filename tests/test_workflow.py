@@ -53,6 +53,7 @@ def test_full_run_outputs(tiny):
     summary = json.loads((res / "logs" / "run_summary.json").read_text())
     assert summary["max_loads_per_key"] == 1
     assert "model loads" in r.stdout + r.stderr
+    assert "job rate limiter off for local execution" in r.stdout + r.stderr
 
 
 def test_html_report(tiny):

@@ -111,6 +111,12 @@ def cell_fingerprint(model, variant):
     return fingerprint
 
 
+onstart:
+    from safetyrepro.scheduling import drop_local_rate_limiter
+
+    drop_local_rate_limiter(workflow)
+
+
 onsuccess:
     from safetyrepro.run_summary import finish_run
 
