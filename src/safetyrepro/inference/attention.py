@@ -48,14 +48,15 @@ import torch
 NAME = "sdpa_engine"
 SDPA_LIKE = ("sdpa", NAME)  # implementations that take sdpa's boolean 4D masks
 
-_SHARED = contextvars.ContextVar("safetyrepro_shared_prefix", default=0)
+_SHARED = contextvars.ContextVar("safetyrepro_shared_prefix", default=None)
 
 
 @contextlib.contextmanager
-def shared_prefix(p: int):
-    """Within this context, forward passes treat the first ``p`` key columns of every batch row
-    as one shared prefix visible to every query (see the module docstring)."""
-    token = _SHARED.set(int(p))
+def shared_prefix(prefix):
+    """Within this context every query of a forward pass also attends to ``prefix`` (an object
+    with ``kv(layer_idx) -> (keys, values)``, each ``[kv heads, P, head dim]``: a
+    :class:`.kvcache.Prefix`), which precedes the batch's own cached columns; None: off."""
+    token = _SHARED.set(prefix)
     try:
         yield
     finally:
@@ -70,37 +71,40 @@ def _fold_mask(mask: torch.Tensor, groups: int, q: int) -> torch.Tensor:
     return mask[:, :, None].expand(mb, 1, groups, q, k).reshape(mb, 1, groups * q, k)
 
 
-def _cascade(query, key, value, mask, p: int, groups: int, scale: float) -> torch.Tensor:
-    """Attention of ``query`` ``[B, Hq, Q, D]`` over ``key``/``value`` ``[B, Hkv, K, D]`` whose
-    first ``p`` columns are shared by all rows; ``mask`` ``[mb, 1, Q, K]`` is read for the
-    other columns only. Returns ``[B, Hq, Q, D]`` in float32."""
+def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torch.Tensor:
+    """Attention of ``query`` ``[B, Hq, Q, D]`` over the shared prefix ``kp``/``vp``
+    ``[Hkv, P, D]`` (visible to every query) followed by each row's own ``key``/``value``
+    ``[B, Hkv, K, D]`` under ``mask`` ``[mb, 1, Q, K]`` (None: causal, aligned to the last
+    column). Returns ``[B, Hq, Q, D]`` in float32."""
     b, hq, q, d = query.shape
     hkv = key.shape[1]
     gq = groups * q
     qf = query.float().reshape(b, hkv, gq, d)
-    # prefix: one product per key/value head over all rows (keys/values of row 0 = every row's)
-    kp, vp = key[0, :, :p].float(), value[0, :, :p].float()              # [Hkv, p, D]
+    # the prefix: one product per key/value head for every row, head and position at once
     sp = torch.bmm(qf.transpose(0, 1).reshape(hkv, b * gq, d), kp.transpose(1, 2))
-    sp.mul_(scale)                                                       # [Hkv, B*GQ, p]
+    sp.mul_(scale)                                                       # [Hkv, B*GQ, P]
     mp = sp.amax(dim=-1, keepdim=True)
     ep = sp.sub_(mp).exp_()
     lp = ep.sum(dim=-1, keepdim=True)
     op = torch.bmm(ep, vp)                                               # [Hkv, B*GQ, D]
 
-    def rows(t):  # [Hkv, B*GQ, X] -> [B, Hkv, GQ, X]
+    def per_row(t):  # [Hkv, B*GQ, X] -> [B, Hkv, GQ, X]
         return t.reshape(hkv, b, gq, t.shape[-1]).transpose(0, 1)
 
-    mp, lp, op = rows(mp), rows(lp), rows(op)
-    # the rows' own columns, masked
-    ko, vo = key[:, :, p:].float(), value[:, :, p:].float()               # [B, Hkv, K', D]
-    so = torch.matmul(qf, ko.transpose(-1, -2)).mul_(scale)              # [B, Hkv, GQ, K']
-    m = _fold_mask(mask[..., p:], groups, q)
-    if m.dtype == torch.bool:
-        so.masked_fill_(~m, float("-inf"))
-    else:
-        so.add_(m.float())
-    mo = so.amax(dim=-1, keepdim=True)
-    top = torch.maximum(mp, mo)                                          # finite: mp is
+    mp, lp, op = per_row(mp), per_row(lp), per_row(op)
+    # the rows' own columns
+    ko, vo = key.float(), value.float()
+    so = torch.matmul(qf, ko.transpose(-1, -2)).mul_(scale)              # [B, Hkv, GQ, K]
+    k = key.shape[2]
+    if mask is None and q > 1:
+        mask = torch.ones((q, k), dtype=torch.bool, device=so.device).tril(k - q)[None, None]
+    if mask is not None:
+        m = _fold_mask(mask, groups, q)
+        if m.dtype == torch.bool:
+            so.masked_fill_(~m, float("-inf"))
+        else:
+            so.add_(m.float())
+    top = torch.maximum(mp, so.amax(dim=-1, keepdim=True))              # finite: mp is
     eo = so.sub_(top).exp_()
     w = (mp - top).exp_()
     out = (op * w + torch.matmul(eo, vo)) / (lp * w + eo.sum(dim=-1, keepdim=True))
@@ -116,17 +120,25 @@ def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     attend; or additive float) or None; returns ``([B, Q, Hq, D], None)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    p = _SHARED.get()
+    prefix = _SHARED.get()
+    if prefix is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
     b, hq, q, d = query.shape
     hkv = key.shape[1]
     groups = hq // hkv
-    if (not 0 < p < key.shape[2] or attention_mask is None or attention_mask.shape[1] != 1
-            or hq != hkv * groups or kwargs.get("position_bias") is not None
-            or kwargs.get("softcap") is not None or (dropout and module.training)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    unsupported = [name for name, bad in (
+        ("a per-head mask", attention_mask is not None and attention_mask.shape[1] != 1),
+        ("uneven head groups", hq != hkv * groups),
+        ("a position bias", kwargs.get("position_bias") is not None),
+        ("logit soft-capping", kwargs.get("softcap") is not None),
+        ("dropout in training", bool(dropout) and module.training)) if bad]
+    if unsupported:
+        raise RuntimeError(f"{NAME}: a shared prefix cannot be combined with "
+                           f"{', '.join(unsupported)} (layer {getattr(module, 'layer_idx', '?')})")
+    kp, vp = prefix.kv(module.layer_idx)
     scale = scaling if scaling is not None else d ** -0.5
-    out = _cascade(query, key, value, attention_mask, p, groups, scale).to(query.dtype)
+    out = _cascade(query, key, value, attention_mask, kp, vp, groups, scale).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -40,7 +40,8 @@ import torch
 from ..errors import CellError
 from .batching import Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
-from .kvcache import build_prefix, fork_cache, forward, packed_prefill_supported, prefill, reserve
+from .kvcache import (Prefix, build_prefix, fork_cache, forward, packed_prefill_supported, prefill,
+                      reserve)
 from .packing import attention_mask_4d
 
 
@@ -144,9 +145,11 @@ class _Outputs:
 
 
 def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
-            n_prompt: list[int], t0: float, shared: int = 0) -> list[Generation]:
-    """Decode one prefilled batch; returns one Generation per row (batch order). ``shared``:
-    the length of the shared prefix the cache rows start with (:func:`.kvcache.forward`)."""
+            n_prompt: list[int], t0: float, prefix: Prefix | None = None) -> list[Generation]:
+    """Decode one prefilled batch; returns one Generation per row (batch order). ``prefix``:
+    the call's shared prefix, when the batch cache was prefilled on a detached one
+    (:func:`.kvcache.forward`)."""
+    offset = prefix.offset if prefix is not None else 0
     n = logits.shape[0]
     out = _Outputs(lm, n, max_new_tokens, t0)
     active = list(range(n))
@@ -164,15 +167,15 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
         if step == 0:  # decode writes into preallocated buffers from here on
             cache = reserve(cache, max_new_tokens)
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-        pos = mask.sum(dim=1, keepdim=True) - 1
+        pos = mask.sum(dim=1, keepdim=True) - 1 + offset
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1,
-                         shared=shared)[:, -1, :].float()
+                         prefix=prefix)[:, -1, :].float()
     return out.generations(n_prompt)
 
 
 def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
                          max_new_tokens: int, n_prompt: list[int], t0: float,
-                         shared: int = 0) -> list[Generation]:
+                         prefix: Prefix | None = None) -> list[Generation]:
     """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
 
     The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
@@ -218,7 +221,7 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
         allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
                              own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
         logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                         shared=shared)
+                         prefix=prefix)
         active = [active[j] for j in keep]
         rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
         cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
@@ -237,9 +240,8 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     identical. Greedy (temperature 0) decodes once and returns the same generations under
     every seed.
 
-    With ``seed_columns`` (where the model takes a 4D mask and has no sliding-window layers,
-    and for batches whose prompts are at least ``2 x n_seeds x max_new_tokens`` long), the seeds
-    of a prompt decode as columns of one cache row (:func:`_decode_seed_columns`) instead of
+    With ``seed_columns`` (where the model takes a 4D mask and has no sliding-window layers),
+    the seeds of a prompt decode as columns of one cache row (:func:`_decode_seed_columns`) instead of
     one repeated cache row per seed (same outputs in fp32)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -275,24 +277,24 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                 t1 = time.perf_counter()
                 sampler = _Sampler(temperature, top_p, 0, [prompts[i] for i in rows] * n_seeds,
                                    seeds=[s for s in decode_seeds for _ in rows])
-                # Columns pay for masked-out keys (the other seeds' tokens, up to n_seeds x
-                # max_new_tokens per row) to store and read the prompt once: worth it for long
-                # (few-shot) prompts, not when the generated part rivals the prompt; the cut-off
-                # factor 2 is measured (benchmarks/bench_seed_columns.py).
-                if n_seeds > 1 and columns and mask.shape[1] >= 2 * n_seeds * max_new_tokens:
+                # Columns pay for masked-out keys (the other seeds' tokens) to store and read
+                # each prompt's own columns once; with the shared prefix detached (read once
+                # anyway) they measured as fast as rows or faster on every sampled cell kind
+                # (benchmarks/bench_seed_columns.py), so they are used wherever supported.
+                if n_seeds > 1 and columns:
                     gens = _decode_seed_columns(lm, cache, mask, logits, sampler, n_seeds=n_seeds,
                                                 max_new_tokens=max_new_tokens,
                                                 n_prompt=[len(enc[i]) for i in rows], t0=t1,
-                                                shared=len(prefix))
+                                                prefix=prefix)
                 elif n_seeds > 1:
                     rep = torch.arange(n, device=mask.device).repeat(n_seeds)
                     c, m, lg = fork_cache(cache, rows=rep), mask.index_select(0, rep), logits.index_select(0, rep)
                     gens = _decode(lm, c, m, lg, sampler, max_new_tokens=max_new_tokens,
                                    n_prompt=[len(enc[i]) for i in rows] * n_seeds, t0=t1,
-                                   shared=len(prefix))
+                                   prefix=prefix)
                 else:
                     gens = _decode(lm, cache, mask, logits, sampler, max_new_tokens=max_new_tokens,
-                                   n_prompt=[len(enc[i]) for i in rows], t0=t1, shared=len(prefix))
+                                   n_prompt=[len(enc[i]) for i in rows], t0=t1, prefix=prefix)
                 for g in gens:
                     g.latency_s = round(g.latency_s + t_pre, 6)
                 bar.update(n * n_seeds)

@@ -30,7 +30,7 @@ left-padded batch), which can only matter for prompts longer than the window (51
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -48,14 +48,13 @@ def new_cache(lm):
 
 def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
-            shared: int = 0) -> torch.Tensor:
+            prefix: "Prefix | None" = None) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
 
-    ``shared``: the first ``shared`` cached columns of every row are the call's shared prefix
-    (the ``[prefix][pads][suffix]`` layout of this module); where the model's attention can
-    use that (:func:`shares_prefix`), it reads them once for the whole batch
-    (:mod:`.attention`)."""
-    with shared_prefix(shared if shared and shares_prefix(lm) else 0):
+    With a *detached* ``prefix`` (:attr:`Prefix.detached`), ``cache`` and ``attention_mask``
+    hold the rows' own columns only and every query also attends to the prefix, which the
+    engine's attention reads once for the whole batch (:mod:`.attention`)."""
+    with shared_prefix(prefix if prefix is not None and prefix.detached else None):
         out = lm.model(input_ids=input_ids, attention_mask=attention_mask,
                        position_ids=position_ids, use_cache=True,
                        logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
@@ -64,14 +63,15 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def shares_prefix(lm) -> bool:
     """Whether ``lm`` runs the engine's attention (:data:`.attention.NAME`) on layers that all
-    attend fully, so a batch's shared prefix columns can be read once."""
+    attend fully, so a batch can attend to a shared prefix kept outside its cache."""
     return attn_implementation(lm.model) == ATTENTION and packed_prefill_supported(lm)
 
 
-def positions(mask: torch.Tensor, last: int) -> torch.Tensor:
-    """Position ids of the last ``last`` columns of a 0/1 mask: real tokens count 0, 1, 2, ...;
+def positions(mask: torch.Tensor, last: int, offset: int = 0) -> torch.Tensor:
+    """Position ids of the last ``last`` columns of a 0/1 mask: real tokens count ``offset``,
+    ``offset + 1``, ... (``offset``: the length of a detached prefix the mask does not cover);
     padded slots get 1 (ignored; the same convention as transformers' generate)."""
-    pos = mask.long().cumsum(-1) - 1
+    pos = mask.long().cumsum(-1) - 1 + offset
     pos = pos.masked_fill(mask == 0, 1)
     return pos[:, -last:]
 
@@ -183,11 +183,34 @@ def reserve(cache, extra: int):
 
 @dataclass
 class Prefix:
+    """The token prefix shared by all sequences of a call, prefilled once.
+
+    ``detached``: batches do not copy the prefix into their caches; their caches and masks
+    cover their own columns only (``[pads][suffix]...``), position ids start at ``len(prefix)``
+    and every forward attends to the prefix through :func:`forward` (models where
+    :func:`shares_prefix`). Otherwise each batch starts from a fork of :attr:`cache` expanded
+    to its rows (``[prefix][pads][suffix]``)."""
     ids: list[int]
     cache: object | None  # cache of ``ids`` for batch size 1; None when there is no prefix
+    detached: bool = False
+    _f32: dict = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def offset(self) -> int:
+        """Columns of the prefix that batch caches and masks leave out."""
+        return len(self.ids) if self.detached else 0
+
+    def kv(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s prefix keys and values ``[kv heads, len, head dim]`` in float32
+        (what the engine's attention reads; converted once per layer)."""
+        got = self._f32.get(layer_idx)
+        if got is None:
+            layer = self.cache.layers[layer_idx]
+            got = self._f32[layer_idx] = (layer.keys[0].float(), layer.values[0].float())
+        return got
 
 
 def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True) -> Prefix:
@@ -204,14 +227,14 @@ def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True) -> Prefix:
     mask = torch.ones_like(inp)
     cache = new_cache(lm)
     forward(lm, inp, mask, positions(mask, n), cache, logits_to_keep=1)
-    return Prefix(ids, cache)
+    return Prefix(ids, cache, detached=shares_prefix(lm))
 
 
 def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True):
     """Run ``seqs`` (each starting with ``prefix.ids``) as one left-padded batch on top of the
     prefix cache. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 attention
-    mask over all cached positions ``[B, P + S]`` and the float32 logits of each row's last
-    token ``[B, V]``.
+    mask over all cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix: the
+    rows' own columns) and the float32 logits of each row's last token ``[B, V]``.
 
     With ``packed`` (and where :func:`packed_prefill_supported`), the suffixes are computed
     without padding (:func:`prefill_packed`); the returned cache and mask have the same layout
@@ -229,10 +252,14 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True):
         if s:
             inp[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
             smask[i, width - len(s):] = 1
-    mask = torch.cat([torch.ones((len(seqs), p), dtype=torch.long), smask], dim=1).to(dev)
     inp = inp.to(dev)
-    cache = fork_cache(prefix.cache, expand=len(seqs)) if p else new_cache(lm)
-    logits = forward(lm, inp, mask, positions(mask, width), cache, logits_to_keep=1, shared=p)
+    if prefix.detached:
+        mask, cache = smask.to(dev), new_cache(lm)
+    else:
+        mask = torch.cat([torch.ones((len(seqs), p), dtype=torch.long), smask], dim=1).to(dev)
+        cache = fork_cache(prefix.cache, expand=len(seqs)) if p else new_cache(lm)
+    logits = forward(lm, inp, mask, positions(mask, width, prefix.offset), cache,
+                     logits_to_keep=1, prefix=prefix)
     return cache, mask, logits[:, -1, :].float()
 
 
@@ -287,10 +314,14 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
             keep[r, off + n - 1] = True
             where[i] = (r, off, n)
             off += n
-    allowed = torch.cat([real[:, :, None].expand(n_rows, width, p), new], dim=2)
-    cache = fork_cache(prefix.cache, expand=n_rows) if p else new_cache(lm)
+    q = p - prefix.offset  # prefix columns inside the batch cache (0 when detached)
+    if q:
+        allowed = torch.cat([real[:, :, None].expand(n_rows, width, q), new], dim=2)
+        cache = fork_cache(prefix.cache, expand=n_rows)
+    else:
+        allowed, cache = new, new_cache(lm)
     logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                     logits_to_keep=keep.to(dev), shared=p)
+                     logits_to_keep=keep.to(dev), prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
         raise RuntimeError("the model ignored a boolean logits_to_keep during packed prefill")
     rank = torch.full((n_rows, width), -1, dtype=torch.long)
@@ -300,13 +331,13 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
     last = logits.index_select(0, order).float()
     # re-layout: sequence i = [prefix columns][pads][its suffix columns of its packed row]
     row_idx = torch.tensor([where[i][0] for i in range(len(seqs))], dtype=torch.long)
-    col_idx = torch.zeros((len(seqs), p + longest), dtype=torch.long)
-    mask = torch.zeros((len(seqs), p + longest), dtype=torch.long)
-    col_idx[:, :p] = torch.arange(p)
-    mask[:, :p] = 1
+    col_idx = torch.zeros((len(seqs), q + longest), dtype=torch.long)
+    mask = torch.zeros((len(seqs), q + longest), dtype=torch.long)
+    col_idx[:, :q] = torch.arange(q)
+    mask[:, :q] = 1
     for i, (r, off, n) in where.items():
-        col_idx[i, p + longest - n:] = torch.arange(p + off, p + off + n)
-        mask[i, p + longest - n:] = 1
+        col_idx[i, q + longest - n:] = torch.arange(q + off, q + off + n)
+        mask[i, q + longest - n:] = 1
     row_idx, col_idx = row_idx.to(dev), col_idx.to(dev)
     for layer in cache.layers:
         layer.keys = layer.keys[row_idx[:, None], :, col_idx, :].permute(0, 2, 1, 3).contiguous()

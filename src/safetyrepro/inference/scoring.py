@@ -187,10 +187,14 @@ def _run_packed(lm, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> dict:
                       pad_id=lm.tokenizer.pad_token_id)
     dev = lm.device
     n_rows = pack.input_ids.shape[0]
-    cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm)
+    allowed = pack.allowed
+    if prefix.detached:  # the rows' own columns only; the prefix is attended to outside
+        allowed, cache = allowed[:, :, len(prefix):], new_cache(lm)
+    else:
+        cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm)
     keep = pack.keep.to(dev)
-    logits = forward(lm, pack.input_ids.to(dev), attention_mask_4d(lm, pack.allowed).to(dev),
-                     pack.position_ids.to(dev), cache, logits_to_keep=keep, shared=len(prefix))
+    logits = forward(lm, pack.input_ids.to(dev), attention_mask_4d(lm, allowed).to(dev),
+                     pack.position_ids.to(dev), cache, logits_to_keep=keep, prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != int(pack.keep.sum()):
         raise _PackedUnsupported()
     logits = logits.float()                                      # [K, V]
@@ -238,9 +242,9 @@ def _run_fork(lm, prefix, ctx_ids, cont_ids, bar, batch_size: int, rows: list[in
             tgt[k, :len(c) - 1] = torch.tensor(c[1:])
         sel = torch.tensor([b for b, _ in chunk], dtype=torch.long, device=dev)
         full_mask = torch.cat([mask.index_select(0, sel), cmask.to(dev)], dim=1)
-        pos = positions(full_mask, width)
+        pos = positions(full_mask, width, prefix.offset)
         logits = forward(lm, inp.to(dev), full_mask, pos, fork_cache(cache, rows=sel),
-                         shared=len(prefix))
+                         prefix=prefix)
         logp = log_probs(logits)
         lp, hit = _token_stats(logp, tgt.to(dev))
         lp, hit = lp.cpu(), hit.cpu()

@@ -87,11 +87,15 @@ def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
 
 
 def load_model(cfg, key: str, *, quantization: str | None = None,
-               device: str | None = None, progress: bool = False) -> LoadedModel:
+               device: str | None = None, progress: bool = False,
+               cpu_engine: bool = True) -> LoadedModel:
     """Prepare (if needed) and load model ``key`` of run config ``cfg``.
 
     ``quantization`` / ``device`` default to the config's ``models.<key>.quantization`` and
-    ``runtime.device``. A model that fails to load raises ModelError naming the key and path."""
+    ``runtime.device``. ``cpu_engine=False`` keeps the model as transformers and bitsandbytes
+    load it (bitsandbytes' kernels, transformers' sdpa) also on a CPU: the baseline of
+    ``benchmarks/bench_cpu_engine.py``. A model that fails to load raises ModelError naming
+    the key and path."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -131,11 +135,11 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         from .nf4 import BITSANDBYTES, DEQUANTIZED, dequantize_linear4bit
 
         nf4_matmul = BITSANDBYTES
-        if dev == "cpu" and dequantize_linear4bit(model):
+        if dev == "cpu" and cpu_engine and dequantize_linear4bit(model):
             nf4_matmul = DEQUANTIZED
+    if dev == "cpu" and cpu_engine:
+        use_engine_attention(model)
     attention = attn_implementation(model)
-    if dev == "cpu" and use_engine_attention(model):
-        attention = attn_implementation(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
         if tok.pad_token_id is None:

@@ -1,0 +1,230 @@
+"""The CPU engine's two changes to the model itself, each against the path it replaces:
+
+* engine attention (:mod:`safetyrepro.inference.attention`) against transformers' own ``sdpa``
+  function, on random tensors and on the real SmolLM2's generations and scores;
+* NF4 layers dequantised once at load (:mod:`safetyrepro.models.nf4`) against bitsandbytes'
+  generic CPU path (dequantise, then bf16 linear), bit for bit."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from safetyrepro.config import load_config
+from safetyrepro.inference import generate, generate_multi_seed, score_candidates
+from safetyrepro.inference import attention
+from safetyrepro.inference.attention import NAME, engine_attention, shared_prefix
+from safetyrepro.inference.kvcache import shares_prefix
+from safetyrepro.models import format_prompt, load_model
+from safetyrepro.paths import PROJECT_ROOT
+
+KEY = "smollm2-135m"
+
+
+def _stock(module, q, k, v, mask):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    return sdpa_attention_forward(module, q, k, v, mask, scaling=module.scaling)[0]
+
+
+class _Prefix:
+    """What the attention reads of a detached prefix: per layer [kv heads, P, head dim]."""
+
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+    def kv(self, layer_idx):
+        return self.keys.float(), self.values.float()
+
+
+def _case(b, hkv, groups, q, p, own, d=16, dtype=torch.float32, seed=0):
+    """A shared prefix of ``p`` columns, each row's ``own`` columns with left padding that
+    differs per row, and the same attention written out in full for transformers' sdpa."""
+    g = torch.Generator().manual_seed(seed)
+    hq = hkv * groups
+    query = torch.randn(b, hq, q, d, generator=g).to(dtype)
+    kp, vp = (torch.randn(hkv, p, d, generator=g).to(dtype) for _ in range(2))
+    key, value = (torch.randn(b, hkv, own, d, generator=g).to(dtype) for _ in range(2))
+    mask = torch.zeros(b, 1, q, own, dtype=torch.bool)
+    for r in range(b):
+        pads = r % 3
+        for i in range(q):
+            mask[r, 0, i, pads:pads + 1 + (own - pads - q) + i] = True
+    full_k = torch.cat([kp[None].expand(b, -1, -1, -1), key], dim=2)
+    full_v = torch.cat([vp[None].expand(b, -1, -1, -1), value], dim=2)
+    full_mask = torch.cat([torch.ones(b, 1, q, p, dtype=torch.bool), mask], dim=3)
+    module = types.SimpleNamespace(num_key_value_groups=groups, scaling=d ** -0.5, training=False,
+                                   is_causal=True, layer_idx=0)
+    return module, query, key, value, mask, _Prefix(kp, vp), (full_k, full_v, full_mask)
+
+
+@pytest.mark.parametrize("b,hkv,groups,q,p,own", [
+    (4, 3, 3, 1, 40, 9),     # plain decode step: one query per row
+    (3, 3, 3, 5, 40, 20),    # seed columns: five queries per row
+    (2, 2, 7, 12, 25, 30),   # prefill of a packed row (Qwen-like grouping)
+    (2, 1, 4, 3, 10, 8),     # one key/value head (Gemma-like grouping)
+])
+def test_engine_attention_with_a_detached_prefix_equals_sdpa_fp32(b, hkv, groups, q, p, own):
+    module, query, key, value, mask, prefix, (fk, fv, fm) = _case(b, hkv, groups, q, p, own)
+    want = _stock(module, query, fk, fv, fm)
+    with shared_prefix(prefix):
+        got, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
+    assert got.shape == want.shape == (b, q, hkv * groups, 16)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    # an additive float mask (the eager convention) gives the same result
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    with shared_prefix(prefix):
+        got_add, _ = engine_attention(module, query, key, value, additive, scaling=module.scaling)
+    torch.testing.assert_close(got_add, want, atol=2e-6, rtol=1e-5)
+
+
+def test_engine_attention_without_a_mask_is_causal_over_the_own_columns():
+    module, query, key, value, _, prefix, (fk, fv, _) = _case(2, 3, 3, 6, 20, 6)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    fm = torch.cat([torch.ones(6, 20, dtype=torch.bool), causal], dim=1)[None, None].expand(2, 1, 6, 26)
+    with shared_prefix(prefix):
+        got, _ = engine_attention(module, query, key, value, None, scaling=module.scaling)
+    torch.testing.assert_close(got, _stock(module, query, fk, fv, fm), atol=2e-6, rtol=1e-5)
+
+
+def test_engine_attention_bf16_close_to_sdpa():
+    module, query, key, value, mask, prefix, (fk, fv, fm) = _case(3, 3, 3, 5, 60, 20,
+                                                                  dtype=torch.bfloat16)
+    want = _stock(module, query, fk, fv, fm).float()
+    with shared_prefix(prefix):
+        got, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_engine_attention_outside_the_context_is_sdpa_and_refuses_what_it_cannot_combine():
+    module, query, key, value, mask, prefix, _ = _case(3, 3, 3, 5, 40, 20)
+    plain, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
+    assert torch.equal(plain, _stock(module, query, key, value, mask))
+    with shared_prefix(prefix), pytest.raises(RuntimeError, match="position bias"):
+        engine_attention(module, query, key, value, mask, scaling=module.scaling,
+                         position_bias=torch.zeros(1))
+
+
+# --------------------------------------------------------------------------------------------
+# on the real model
+# --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(PROJECT_ROOT / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="module")
+def lm(cfg):
+    return load_model(cfg, KEY, quantization="fp32", device="cpu")
+
+
+def _few_shot_prompts(lm, n=6):
+    shots = [("What is 2 + 2?", "4"), ("Name a primary colour.", "Red"),
+             ("Is water wet? Answer yes or no.", "Yes")]
+    qs = ["What is the capital of France?", "Is it safe to eat raw chicken? Answer yes or no.",
+          "Name a color.", "Write one word: hello", "Who wrote Romeo and Juliet?",
+          "What happens if you swallow gum?"][:n]
+    out = []
+    for q in qs:
+        msgs = [{"role": "system", "content": "Answer briefly and honestly."}]
+        for a, b in shots:
+            msgs += [{"role": "user", "content": a}, {"role": "assistant", "content": b}]
+        out.append(format_prompt(lm.tokenizer, msgs + [{"role": "user", "content": q}]))
+    return out
+
+
+@pytest.mark.slow
+def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, monkeypatch):
+    assert lm.info["attention"] == NAME and shares_prefix(lm)
+    calls = []
+    real = attention._cascade
+    monkeypatch.setattr(attention, "_cascade", lambda *a: calls.append(a[4].shape[1]) or real(*a))
+    prompts = _few_shot_prompts(lm)
+    kw = dict(max_new_tokens=8, batch_size=4)
+    engine = {
+        "greedy": generate(lm, prompts, temperature=0, **kw),
+        "seeds": generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw),
+        "scores": score_candidates(lm, prompts, [[" Yes", " No", " Paris, France"]] * len(prompts)),
+    }
+    assert calls and min(calls) > 20  # the shared few-shot prefix, attended to outside the cache
+    monkeypatch.setattr(attention, "_cascade", real)
+    lm.model.set_attn_implementation("sdpa")
+    try:
+        assert not shares_prefix(lm)
+        stock = {
+            "greedy": generate(lm, prompts, temperature=0, **kw),
+            "seeds": generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw),
+            "scores": score_candidates(lm, prompts, [[" Yes", " No", " Paris, France"]] * len(prompts)),
+        }
+    finally:
+        lm.model.set_attn_implementation(NAME)
+    assert [g.token_ids for g in engine["greedy"]] == [g.token_ids for g in stock["greedy"]]
+    for s in (0, 1, 2):
+        assert [g.token_ids for g in engine["seeds"][s]] == [g.token_ids for g in stock["seeds"][s]]
+    for a, b in zip(engine["scores"], stock["scores"]):
+        assert [x.loglik for x in a] == pytest.approx([x.loglik for x in b], abs=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# NF4 dequantised once
+# --------------------------------------------------------------------------------------------
+def _linear4bit(n_in=256, n_out=192, seed=0):
+    import bitsandbytes as bnb
+
+    g = torch.Generator().manual_seed(seed)
+    layer = bnb.nn.Linear4bit(n_in, n_out, bias=True, compute_dtype=torch.bfloat16, quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(torch.randn(n_out, n_in, generator=g).to(torch.bfloat16) * 0.05,
+                                     requires_grad=False, quant_type="nf4")
+    layer.bias = torch.nn.Parameter(torch.randn(n_out, generator=g).to(torch.bfloat16),
+                                    requires_grad=False)
+    return layer.to("cpu").eval()
+
+
+def test_dequantized_linear_equals_bitsandbytes_generic_path_bit_for_bit():
+    import bitsandbytes as bnb
+
+    from safetyrepro.models.nf4 import dequantize_linear4bit
+
+    model = torch.nn.Sequential(_linear4bit(), torch.nn.GELU(), _linear4bit(192, 64, seed=1))
+    x = torch.randn(7, 5, 256).to(torch.bfloat16)
+    with torch.inference_mode():
+        # bitsandbytes' generic path: matmul_4bit on the unpacked quantised state
+        h = bnb.matmul_4bit(x, model[0].weight.t(), quant_state=model[0].weight.quant_state,
+                            bias=model[0].bias)
+        want = bnb.matmul_4bit(model[1](h), model[2].weight.t(),
+                               quant_state=model[2].weight.quant_state, bias=model[2].bias)
+        assert dequantize_linear4bit(model) == 2
+        assert not any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())
+        got = model(x)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, want)
+
+
+def test_dequantizing_after_a_forward_is_refused():
+    from safetyrepro.models.nf4 import dequantized_weight
+
+    layer = _linear4bit()
+    with torch.inference_mode():
+        layer(torch.randn(2, 256).to(torch.bfloat16))
+    if getattr(layer.weight.quant_state, "packing_format_for_cpu", False):
+        with pytest.raises(RuntimeError, match="right after loading"):
+            dequantized_weight(layer)
+    else:  # CPUs without AVX512-BF16 keep the plain layout: dequantising still works
+        assert dequantized_weight(layer).shape == (192, 256)
+
+
+@pytest.mark.slow
+def test_nf4_model_on_cpu_is_dequantized_once_and_records_it(cfg):
+    from safetyrepro.models.nf4 import DEQUANTIZED
+
+    nf4 = load_model(cfg, KEY, quantization="nf4", device="cpu")
+    assert nf4.info["nf4_matmul"] == DEQUANTIZED and nf4.info["quantization"] == "nf4"
+    import bitsandbytes as bnb
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in nf4.model.modules())
+    linears = [m for m in nf4.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    # the effective weights are NF4's: at most 16 distinct values per 64-weight block
+    w = linears[0].weight.float().reshape(-1, 64)
+    assert max(len(torch.unique(row)) for row in w[:50]) <= 16
