@@ -54,6 +54,9 @@ def test_full_run_outputs(tiny):
     assert summary["max_loads_per_key"] == 1
     assert "model loads" in r.stdout + r.stderr
     assert "job rate limiter off for local execution" in r.stdout + r.stderr
+    # the workers compute on every core, not on the one thread Snakemake allows each job
+    info = json.loads(pq.read_schema(_shards(project)[0]).metadata[b"safetyrepro"])["model_info"]
+    assert info["threads"] == len(os.sched_getaffinity(0))
 
 
 def test_html_report(tiny):

@@ -62,10 +62,21 @@ def _items(path: Path) -> tuple[list[dict], dict]:
 
 # ---- the worker entry points ----------------------------------------------------------------
 def load_for_worker(config: str, model: str, quantization: str | None = None):
-    """Worker loader: load the model once; the returned object is the worker's state."""
-    from .models import load_model
+    """Worker loader: load the model once; the returned object is the worker's state.
 
-    return load_model(_config(config), model, quantization=quantization)
+    The worker computes every cell job of its model on this node, so it runs
+    :func:`.models.load.compute_threads` threads (``runtime.threads``, default: every core this
+    process may use), not the one-thread limit (``OMP_NUM_THREADS=1`` and friends) that
+    Snakemake sets for each single-core job and that the worker inherits from the client that
+    started it (measured: the worker then used one of this machine's two cores)."""
+    import torch
+
+    from .models import load_model
+    from .models.load import compute_threads
+
+    cfg = _config(config)
+    torch.set_num_threads(compute_threads(cfg))
+    return load_model(cfg, model, quantization=quantization)
 
 
 def run_cell_in_worker(lm, **kwargs) -> dict:

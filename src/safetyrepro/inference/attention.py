@@ -1,40 +1,36 @@
-"""Attention for the CPU engine: grouped heads without copies, and the shared prefix read once.
+"""Attention for the CPU engine: a batch attends to its shared prefix without copying it.
 
-Two costs dominate CPU decoding of the few-shot cells once the matmuls are plain bf16 GEMMs
-(:mod:`safetyrepro.models.nf4`), and neither is arithmetic:
+All prompts of a cell usually start with the same tokens (system text, few-shot exemplars,
+instructions: the call's shared prefix, :func:`.kvcache.build_prefix`), often most of each
+prompt. Left to transformers, every row of a batch would hold its own copy of the prefix's
+keys and values, copied when the batch is prefilled, re-laid out and reserved for decoding, and
+read once per row at every decode step; and its ``sdpa`` function, given a mask and several
+query positions (packed prefill, packed scoring, a sampled config's seed columns), first
+expands keys and values to one copy per query head (grouped-query attention: SmolLM2 has 9
+query heads on 3 key/value heads, Qwen2.5-0.5B 14 on 2). On a CPU those copies, not the
+arithmetic, were most of the decode time of a few-shot cell.
 
-* **Copies for grouped-query attention.** The embedded models share each key/value head among
-  several query heads (SmolLM2: 9 query heads on 3 key/value heads, Qwen2.5-0.5B: 14 on 2,
-  Gemma-3-270M: 4 on 1). transformers' ``sdpa`` function avoids copying only for a single
-  query position or an absent mask; with a mask and several query positions (packed prefill,
-  packed candidate scoring, and above all the seed columns of a sampled config, five query
-  positions per row at every decode step) it first expands keys and values to one copy per
-  query head, so every layer writes and reads ``groups`` copies of the whole cache per step.
-* **The shared prefix, once per row.** Every row of a batch starts with the same cached tokens
-  (the call's shared prefix: system text, few-shot exemplars, instructions;
-  :func:`.kvcache.build_prefix`), often most of the cache. A per-row kernel reads that prefix
-  once for every row at every step.
+:func:`engine_attention` (registered as the attention implementation :data:`NAME`) lets the
+engine keep the prefix OUT of the batch caches. Inside :func:`shared_prefix` ``(prefix)``
+every query of a forward pass attends to the prefix's keys/values (stored once, batch size 1)
+followed by the row's own cached columns under the row's mask; attention splits into
 
-:func:`engine_attention` (registered as the attention implementation :data:`NAME`) handles
-both. Inside :func:`shared_prefix` ``(p)`` the engine declares that the first ``p`` key
-columns of every row of the batch are the same tokens and visible to every query (true for the
-layouts the engine builds: ``[prefix][pads][suffix][generated]``; padding queries, whose
-outputs are never used, then see the prefix too). Attention then splits into
+* the prefix part: one matrix product per key/value head for all rows, query heads and query
+  positions at once (``[rows * groups * Q, D] x [D, P]``), reading the prefix once;
+* the own part: each row's columns under its mask (None: causal), query heads folded per
+  key/value head (``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``), no copies;
 
-* the prefix part: one matrix product per key/value head for ALL rows, query heads and query
-  positions at once (``[rows * groups * Q, D] x [D, p]``), reading the prefix keys/values once;
-* the row part: each row's own columns under its mask, query heads folded per key/value head
-  (``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``), no copies;
+merged by their log-sum-exp (the "cascade" form of attention over a shared prefix). Scores,
+softmax and weighted sums run in float32, as the fused CPU kernel accumulates them; results
+equal ``sdpa`` over the prefix and the own columns written out in full up to summation order
+(tests compare both, on random tensors and on the model's generations and scores). Outside
+the context it is transformers' ``sdpa`` function unchanged; inside it, what it cannot
+combine with a prefix (per-head masks, position biases, soft-capping) raises instead of
+silently dropping the prefix.
 
-merged by their log-sum-exp ("cascade" attention). Scores, softmax and the weighted sums run
-in float32, as the fused CPU kernel accumulates them. Outside that context, or where the layout
-does not apply (no mask, a per-head mask, a position bias, soft-capping), it is transformers'
-own ``sdpa`` function. Results equal the ``sdpa`` path up to floating-point summation order
-(tests compare both on random tensors and on model outputs).
-
-Only for models whose layers all attend fully: on sliding-window layers the cache holds the
-last window, not the prefix (:func:`.kvcache.packed_prefill_supported` decides; the engine
-passes ``shared=0`` otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
+Only for models whose layers all attend fully: sliding-window layers would need the prefix
+cut to their window (:func:`.kvcache.shares_prefix` decides; the engine keeps the prefix in
+the batch caches otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
 accepts :data:`NAME` too (:data:`SDPA_LIKE`).
 """
 

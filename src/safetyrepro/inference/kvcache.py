@@ -25,6 +25,13 @@ only, so the model sees exactly the positions of the unpadded prompt. Results eq
 no-prefix computation up to floating-point reassociation (exact token equality is checked in
 fp32 by the tests). On sliding-window layers, padding occupies window slots (as it does in any
 left-padded batch), which can only matter for prompts longer than the window (512 for Gemma-3).
+
+Detached prefix. Where the model runs the engine's attention on full-attention layers only
+(:func:`shares_prefix`: the embedded SmolLM2 and Qwen on a CPU), the prefix is not copied
+into the batches at all: a batch cache and its mask cover the row's own columns
+``[pads][suffix][generated]``, position ids start at the prefix length (:attr:`Prefix.offset`),
+and every :func:`forward` given the :class:`Prefix` attends to its keys/values, stored once
+(:mod:`.attention`). Same results up to summation order (tested against the copied layout).
 """
 
 from __future__ import annotations

@@ -53,6 +53,20 @@ class LoadedModel:
         return torch.device(self.info["device"])
 
 
+def compute_threads(cfg) -> int:
+    """Threads for a model worker: ``runtime.threads``, else every core this process may run
+    on (its CPU affinity: a Slurm allocation's cores, or the whole machine)."""
+    import os
+
+    threads = cfg.section("runtime").get("threads")
+    if threads:
+        return int(threads)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # platforms without sched_getaffinity
+        return os.cpu_count() or 1
+
+
 def resolve_device(requested: str | None) -> str:
     import torch
     req = (requested or "auto").lower()
@@ -163,6 +177,7 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "bitsandbytes_version": _version("bitsandbytes"),
         "chat_template": bool(getattr(tok, "chat_template", None)),
         "attention": attention,
+        "threads": torch.get_num_threads(),
     }
     if nf4_matmul:
         info["nf4_matmul"] = nf4_matmul
