@@ -228,3 +228,50 @@ def test_nf4_model_on_cpu_is_dequantized_once_and_records_it(cfg):
     # the effective weights are NF4's: at most 16 distinct values per 64-weight block
     w = linears[0].weight.float().reshape(-1, 64)
     assert max(len(torch.unique(row)) for row in w[:50]) <= 16
+
+
+# --------------------------------------------------------------------------------------------
+# prefills kept across calls
+# --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_prefill_store_serves_later_calls_with_the_same_prompts(lm):
+    from safetyrepro.inference.kvcache import PrefillStore
+
+    prompts = _few_shot_prompts(lm)
+    kw = dict(max_new_tokens=6, batch_size=4)
+    store = PrefillStore()
+    fresh = {"greedy": generate(lm, prompts, temperature=0, **kw),
+             "seeds": generate_multi_seed(lm, prompts, [0, 1], temperature=0.7, **kw)}
+    forwards = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: forwards.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        greedy = generate(lm, prompts, temperature=0, store=store, **kw)
+        first = len(forwards)
+        seeds = generate_multi_seed(lm, prompts, [0, 1], temperature=0.7, store=store, **kw)
+    finally:
+        hook.remove()
+    # the first call prefills the prefix and its two batches; the sampled call reuses all three
+    # (its forwards are decode steps only: one position per seed column)
+    assert store.hits == 3 and store.misses == 3 and len(store) == 3
+    assert all(n <= 2 for n in forwards[first:]) and max(forwards[:first]) > 2
+    assert [g.token_ids for g in greedy] == [g.token_ids for g in fresh["greedy"]]
+    for s in (0, 1):
+        assert [g.token_ids for g in seeds[s]] == [g.token_ids for g in fresh["seeds"][s]]
+    # the prefix also serves scoring contexts that start with it
+    before = store.hits
+    score_candidates(lm, prompts, [[" Yes", " No"]] * len(prompts), store=store)
+    assert store.hits == before + 1
+
+
+def test_prefill_store_keeps_within_its_byte_budget_oldest_out():
+    from safetyrepro.inference.kvcache import PrefillStore
+
+    store = PrefillStore(max_bytes=100)
+    store.put("a", 1, 40)
+    store.put("b", 2, 40)
+    assert store.get("a") == 1          # a is now the most recently used
+    store.put("c", 3, 40)               # over budget: b goes
+    assert store.get("b") is None and store.get("a") == 1 and store.get("c") == 3
+    store.put("huge", 4, 101)           # never fits: not stored, nothing evicted
+    assert len(store) == 2 and store.bytes == 80

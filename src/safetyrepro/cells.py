@@ -10,6 +10,7 @@ prefill, one decode per seed) and keeps the other seeds' outputs until their job
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,20 @@ class CellSpec:
 _CONFIGS: dict[tuple[str, float], RunConfig] = {}
 _ITEMS: dict[tuple[str, float], tuple[list[dict], dict]] = {}
 _SEED_CACHE: dict[tuple, dict[int, list]] = {}
+_PREFILLS = weakref.WeakKeyDictionary()  # model -> PrefillStore (see _prefills)
+PREFILL_STORE_BYTES = 2 << 30
+
+
+def _prefills(lm):
+    """The model's :class:`~.inference.kvcache.PrefillStore`: a worker's cells under greedy,
+    T=0.3 and T=0.7 decoding share their prompts' prefill, and cells of one (template, shots)
+    often share the few-shot prefix; each is computed once per worker (same outputs)."""
+    from .inference.kvcache import PrefillStore
+
+    store = _PREFILLS.get(lm.model)
+    if store is None:
+        store = _PREFILLS[lm.model] = PrefillStore(PREFILL_STORE_BYTES)
+    return store
 
 
 def _config(path: str) -> RunConfig:
@@ -199,7 +214,7 @@ def _sampled_generations(lm, spec, prompts, seeds, kw) -> list:
            canonical_hash(kw | {"progress": None}))
     pending = _SEED_CACHE.get(key)
     if pending is None or spec.seed not in pending:
-        pending = generate_multi_seed(lm, prompts, seeds, **kw)
+        pending = generate_multi_seed(lm, prompts, seeds, store=_prefills(lm), **kw)
         _SEED_CACHE[key] = pending
         while len(_SEED_CACHE) > SEED_CACHE_MAX:  # oldest first
             _SEED_CACHE.pop(next(iter(_SEED_CACHE)))
@@ -220,7 +235,7 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress):
     if dec["sampled"]:
         gens = _sampled_generations(lm, spec, prompts, list(range(cfg.n_seeds(c.decoding))), kw)
     else:
-        gens = generate(lm, prompts, seed=spec.seed, **kw)
+        gens = generate(lm, prompts, seed=spec.seed, store=_prefills(lm), **kw)
     rows = []
     for it, prompt, g in zip(items, prompts, gens):
         r = task.score_freeform(it, g.text)
@@ -244,6 +259,7 @@ def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt
         cands.append(list(candidates))
     t0 = time.perf_counter()
     scores = score_candidates(lm, contexts, cands, batch_size=cfg.data["generation"]["batch_size"],
+                              store=_prefills(lm),
                               progress=progress)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []

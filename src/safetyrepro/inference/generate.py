@@ -40,8 +40,8 @@ import torch
 from ..errors import CellError
 from .batching import Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
-from .kvcache import (Prefix, build_prefix, fork_cache, forward, packed_prefill_supported, prefill,
-                      reserve)
+from .kvcache import (Prefix, PrefillStore, build_prefix, fork_cache, forward,
+                      packed_prefill_supported, prefill, reserve)
 from .packing import attention_mask_4d
 
 
@@ -232,7 +232,8 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
 def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tokens: int,
                         temperature: float, top_p: float = 1.0, batch_size: int = 16,
                         progress=None, prefix_cache: bool = True,
-                        seed_columns: bool = True) -> dict[int, list[Generation]]:
+                        seed_columns: bool = True,
+                        store: PrefillStore | None = None) -> dict[int, list[Generation]]:
     """Generate ``prompts`` once per seed, prefilling each batch ONCE and decoding each seed
     from the prefilled cache. ``{seed: [Generation in input order]}``; in fp32 identical to
     ``{s: generate(..., seed=s)}`` (tested); in bf16/NF4 compute the different summation order
@@ -242,7 +243,10 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
 
     With ``seed_columns`` (where the model takes a 4D mask and has no sliding-window layers),
     the seeds of a prompt decode as columns of one cache row (:func:`_decode_seed_columns`) instead of
-    one repeated cache row per seed (same outputs in fp32)."""
+    one repeated cache row per seed (same outputs in fp32).
+
+    ``store``: prefixes and batch prefills computed by earlier calls on this model are reused
+    (:class:`.kvcache.PrefillStore`; the same outputs as computing them afresh)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     seeds = list(dict.fromkeys(int(s) for s in seeds))
@@ -261,12 +265,12 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     results: dict[int, dict[int, Generation]] = {s: {} for s in decode_seeds}
     try:
         with torch.inference_mode():
-            prefix = build_prefix(lm, enc, enabled=prefix_cache)
+            prefix = build_prefix(lm, enc, enabled=prefix_cache, store=store)
             columns = seed_columns and len(decode_seeds) > 1 and packed_prefill_supported(lm)
 
             def run(rows: list[int]) -> dict:
                 t0 = time.perf_counter()
-                cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows])
+                cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows], store=store)
                 t_pre = time.perf_counter() - t0
                 # All seeds decode together, seed-major: either as columns of one cache row
                 # per prompt (the prompt's keys/values stored and read once), or with the
@@ -319,8 +323,9 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
 
 def generate(lm, prompts: list[str], *, max_new_tokens: int, temperature: float,
              top_p: float = 1.0, seed: int = 0, batch_size: int = 16, progress=None,
-             prefix_cache: bool = True) -> list[Generation]:
+             prefix_cache: bool = True, store: PrefillStore | None = None) -> list[Generation]:
     """Generate one continuation per prompt (input order); see the module docstring."""
     return generate_multi_seed(lm, prompts, [seed], max_new_tokens=max_new_tokens,
                                temperature=temperature, top_p=top_p, batch_size=batch_size,
-                               progress=progress, prefix_cache=prefix_cache)[int(seed)]
+                               progress=progress, prefix_cache=prefix_cache,
+                               store=store)[int(seed)]

@@ -220,24 +220,92 @@ class Prefix:
         return got
 
 
-def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True) -> Prefix:
+class PrefillStore:
+    """Prefills kept across calls on one model, least recently used first out, within a byte
+    budget (keys/values, masks and logits counted).
+
+    The cells of a (template, shots) pair under greedy, T=0.3 and T=0.7 decoding render the
+    SAME prompts, and free-form and logprob cells often share the few-shot prefix; a store
+    passed to :func:`build_prefix` and :func:`prefill` (the worker passes one per model, see
+    :mod:`safetyrepro.cells`) computes each distinct prefix and each distinct batch prefill
+    once. Entries are never written to after they are stored (decoding forks or reserves
+    fresh buffers before its first step), and a prefill is a deterministic function of the
+    model and the token ids, so a hit returns exactly what recomputing would."""
+
+    def __init__(self, max_bytes: int = 2 << 30):
+        from collections import OrderedDict
+
+        self.max_bytes = int(max_bytes)
+        self._items: OrderedDict = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key):
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return item[0]
+
+    def put(self, key, value, nbytes: int) -> None:
+        if nbytes > self.max_bytes or key in self._items:
+            return
+        self._items[key] = (value, nbytes)
+        self.bytes += nbytes
+        while self.bytes > self.max_bytes:
+            _, (_, freed) = self._items.popitem(last=False)
+            self.bytes -= freed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def _nbytes(*objs) -> int:
+    """Bytes held by tensors and caches (their layers' keys and values)."""
+    total = 0
+    for obj in objs:
+        if isinstance(obj, torch.Tensor):
+            total += obj.numel() * obj.element_size()
+        elif obj is not None:
+            for layer in getattr(obj, "layers", []):
+                for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+                    if isinstance(t, torch.Tensor):
+                        total += t.numel() * t.element_size()
+    return total
+
+
+def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True,
+                 store: PrefillStore | None = None) -> Prefix:
     """Prefill the token prefix shared by all ``seqs`` once (see the module docstring). Every
-    sequence keeps at least one token of its own after the prefix."""
+    sequence keeps at least one token of its own after the prefix. With a ``store``, a prefix
+    already computed on this model is taken from it."""
     if not enabled or len(seqs) < 2:
         return Prefix([], None)
     n = min(common_prefix_len(seqs), min(len(s) for s in seqs) - 1)
     if n < MIN_PREFIX:
         return Prefix([], None)
     ids = seqs[0][:n]
+    key = ("prefix", shares_prefix(lm), tuple(ids))
+    if store is not None:
+        got = store.get(key)
+        if got is not None:
+            return got
     dev = lm.device
     inp = torch.tensor([ids], dtype=torch.long, device=dev)
     mask = torch.ones_like(inp)
     cache = new_cache(lm)
     forward(lm, inp, mask, positions(mask, n), cache, logits_to_keep=1)
-    return Prefix(ids, cache, detached=shares_prefix(lm))
+    prefix = Prefix(ids, cache, detached=shares_prefix(lm))
+    if store is not None:
+        store.put(key, prefix, _nbytes(cache))
+    return prefix
 
 
-def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True):
+def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True,
+            store: PrefillStore | None = None):
     """Run ``seqs`` (each starting with ``prefix.ids``) as one left-padded batch on top of the
     prefix cache. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 attention
     mask over all cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix: the
@@ -245,7 +313,15 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True):
 
     With ``packed`` (and where :func:`packed_prefill_supported`), the suffixes are computed
     without padding (:func:`prefill_packed`); the returned cache and mask have the same layout
-    either way."""
+    either way. With a ``store``, the same batch prefilled before on this model (same token
+    ids, same prefix) is taken from it; callers must not write into the returned cache."""
+    if store is not None:
+        key = ("batch", len(prefix), prefix.detached, packed, tuple(map(tuple, seqs)))
+        got = store.get(key)
+        if got is None:
+            got = prefill(lm, prefix, seqs, packed=packed)
+            store.put(key, got, _nbytes(*got))
+        return got
     if packed and len(seqs) > 1 and packed_prefill_supported(lm):
         return prefill_packed(lm, prefix, seqs)
     dev = lm.device

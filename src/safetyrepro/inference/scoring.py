@@ -106,21 +106,22 @@ class _PackedUnsupported(Exception):
 
 def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
-                     method: str = "auto") -> list[list[CandidateScore]]:
+                     method: str = "auto", store=None) -> list[list[CandidateScore]]:
     """Score ``candidates[i][j]`` as a continuation of ``contexts[i]`` with one context pass
     per item (see the module docstring). Returns scores in input order.
 
     ``method``: ``"packed"`` (batches of ``batch_size`` items, each item's context and its
     candidates' token tree packed into dense rows under a tree attention mask,
     :mod:`.packing`), ``"fork"`` (context prefill in batches of ``batch_size``, then candidate
-    rows over a forked cache) or ``"auto"`` (packed where the model supports it, else fork)."""
+    rows over a forked cache) or ``"auto"`` (packed where the model supports it, else fork).
+    ``store``: a :class:`.kvcache.PrefillStore` whose prefixes are reused."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     ctx_ids, cont_ids = _encode(lm, contexts, candidates)
     bar = Progress(progress, len(contexts), "score")
     try:
         with torch.inference_mode():
-            prefix = build_prefix(lm, ctx_ids, enabled=prefix_cache)
+            prefix = build_prefix(lm, ctx_ids, enabled=prefix_cache, store=store)
             max_pos = max(tree_positions(c, cs) for c, cs in zip(ctx_ids, cont_ids))
             packed_ok = method != "fork" and packed_supported(lm, max_pos)
             if method == "packed" and not packed_ok:
