@@ -26,3 +26,20 @@ def run_cli(*args: str, cwd: Path | None = None):
     exe = Path(sys.executable).with_name("safetyrepro")
     return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd or ROOT,
                           env={**os.environ}, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def default_cfg():
+    """The embedded default config (config/config.yaml)."""
+    from safetyrepro.config import load_config
+
+    return load_config(ROOT / "config" / "config.yaml")
+
+
+@pytest.fixture(scope="session")
+def smol_fp32(default_cfg):
+    """SmolLM2-135M in fp32 on the CPU, loaded once per session (the engine's exactness
+    checks run in fp32). Tests that change the model must restore it."""
+    from safetyrepro.models import load_model
+
+    return load_model(default_cfg, "smollm2-135m", quantization="fp32", device="cpu")

@@ -12,13 +12,11 @@ import types
 import pytest
 import torch
 
-from safetyrepro.config import load_config
 from safetyrepro.inference import generate, generate_multi_seed, score_candidates
 from safetyrepro.inference import attention
 from safetyrepro.inference.attention import NAME, engine_attention, shared_prefix
 from safetyrepro.inference.kvcache import shares_prefix
 from safetyrepro.models import format_prompt, load_model
-from safetyrepro.paths import PROJECT_ROOT
 
 KEY = "smollm2-135m"
 
@@ -111,13 +109,13 @@ def test_engine_attention_outside_the_context_is_sdpa_and_refuses_what_it_cannot
 # on the real model
 # --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def cfg():
-    return load_config(PROJECT_ROOT / "config" / "config.yaml")
+def cfg(default_cfg):
+    return default_cfg
 
 
 @pytest.fixture(scope="module")
-def lm(cfg):
-    return load_model(cfg, KEY, quantization="fp32", device="cpu")
+def lm(smol_fp32):
+    return smol_fp32
 
 
 def _few_shot_prompts(lm, n=6):

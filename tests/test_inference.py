@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 
-from safetyrepro.config import load_config
 from safetyrepro.errors import CellError
 from safetyrepro.inference import (check_finite, encode_pair, encode_prompt, generate,
                                    generate_multi_seed, score_candidates, score_candidates_plain)
@@ -21,7 +20,6 @@ from safetyrepro.inference.batching import Progress, length_batches, run_with_oo
 from safetyrepro.inference.encoding import common_prefix_len, split_trailing_space
 from safetyrepro.inference.generate import item_seed
 from safetyrepro.models import format_prompt, load_model
-from safetyrepro.paths import PROJECT_ROOT
 
 from inference_support import reference_greedy
 
@@ -41,13 +39,13 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def cfg():
-    return load_config(PROJECT_ROOT / "config" / "config.yaml")
+def cfg(default_cfg):
+    return default_cfg
 
 
 @pytest.fixture(scope="module")
-def lm(cfg):
-    return load_model(cfg, KEY, quantization="fp32", device="cpu")
+def lm(smol_fp32):
+    return smol_fp32
 
 
 @pytest.fixture(scope="module")

@@ -256,3 +256,43 @@ def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
         ref_ids = reference_greedy(gemma, p, 8)
         # ours may stop earlier at the plain format's "\nUser:" marker
         assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1
+
+
+def test_reserved_sliding_layer_returns_what_the_plain_sliding_layer_returns():
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    from safetyrepro.inference.kvcache import ReservedSlidingLayer
+
+    torch.manual_seed(0)
+    plain = DynamicSlidingWindowLayer(sliding_window=8)
+    k0, v0 = torch.randn(2, 1, 11, 4), torch.randn(2, 1, 11, 4)  # prefill longer than the window
+    plain.update(k0, v0)
+    res = ReservedSlidingLayer(plain, extra=3)
+    plain2 = DynamicSlidingWindowLayer(sliding_window=8)
+    plain2.update(k0, v0)
+    buf = res._k
+    for step, q in enumerate([1, 1, 1, 1, 2, 1, 5, 1]):  # crosses the buffer's end twice
+        k, v = torch.randn(2, 1, q, 4), torch.randn(2, 1, q, 4)
+        a, b = plain2.update(k, v), res.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), step
+        assert torch.equal(plain2.keys, res.keys) and torch.equal(plain2.values, res.values)
+        assert plain2.get_mask_sizes(1) == res.get_mask_sizes(1)
+        if step < 2:
+            assert res._k is buf  # written in place
+    sel = res.select(torch.tensor([1]))
+    assert torch.equal(sel.keys[0], res.keys[1]) and sel.get_mask_sizes(1) == res.get_mask_sizes(1)
+
+
+@pytest.mark.slow
+def test_generation_past_the_sliding_window_equals_per_item_generate(gemma):
+    # prompts longer than Gemma-3's 512-token window: its sliding layers decode from
+    # reserved buffers (ReservedSlidingLayer) and must still give transformers' tokens
+    filler = " ".join(f"Fact {i}: the number {i} follows {i - 1}." for i in range(1, 70))
+    prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": filler},
+                                               {"role": "user", "content": q}])
+               for q in QUESTIONS[:3]]
+    assert min(len(gemma.tokenizer(p)["input_ids"]) for p in prompts) > 600
+    gens = generate(gemma, prompts, max_new_tokens=6, temperature=0, batch_size=3)
+    for p, g in zip(prompts, gens):
+        ref_ids = reference_greedy(gemma, p, 6)
+        assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1

@@ -91,7 +91,7 @@ def fork_cache(cache, rows: torch.Tensor | None = None, expand: int | None = Non
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
-        if isinstance(layer, ReservedLayer):
+        if isinstance(layer, (ReservedLayer, ReservedSlidingLayer)):
             new.layers.append(layer.select(rows) if rows is not None else layer.clone())
             continue
         lay = copy.copy(layer)
@@ -172,17 +172,105 @@ class ReservedLayer(_dynamic_layer_class()):
         self._views()
 
 
+def _sliding_layer_class():
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+    return DynamicSlidingWindowLayer
+
+
+class ReservedSlidingLayer(_sliding_layer_class()):
+    """A sliding-window cache layer (``DynamicSlidingWindowLayer``: keeps the last
+    ``window - 1`` positions; an update returns those plus the new ones) whose states live in a
+    buffer with room for ``extra`` positions beyond the window: :meth:`update` writes in place
+    and returns a view, instead of concatenating and re-slicing the whole window at every
+    decode step (measured: 35% of a sampled Gemma-3 cell). Old positions stay in the buffer
+    until it is full, then the last ``window - 1`` move to its front (once per ``extra``
+    steps). Returns the same states in the same order as the plain layer, and keeps its
+    ``cumulative_length`` for the mask sizes."""
+
+    def __init__(self, layer, extra: int):
+        super().__init__(sliding_window=layer.sliding_window)
+        keys, values = layer.keys, layer.values
+        n = keys.shape[-2]
+        cap = self.sliding_window - 1 + max(int(extra), 1)
+        self._k = keys.new_empty((*keys.shape[:2], max(cap, n), keys.shape[-1]))
+        self._v = values.new_empty((*values.shape[:2], max(cap, n), values.shape[-1]))
+        self._k[:, :, :n].copy_(keys)
+        self._v[:, :, :n].copy_(values)
+        self._n = n
+        self.cumulative_length = layer.cumulative_length
+        self.device = keys.device
+        self.is_initialized = True
+        self._views()
+
+    def _kept(self) -> int:
+        return min(self._n, self.sliding_window - 1)
+
+    def _views(self) -> None:
+        lo = self._n - self._kept()
+        self.keys, self.values = self._k[:, :, lo:self._n], self._v[:, :, lo:self._n]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        q = key_states.shape[-2]
+        kept = self._kept()
+        if self._n + q > self._k.shape[-2]:  # full: keep the window, drop what it left behind
+            lo = self._n - kept
+            if kept + q > self._k.shape[-2]:
+                grow = (*self._k.shape[:2], 2 * (kept + q), self._k.shape[-1])
+                k, v = self._k.new_empty(grow), self._v.new_empty(grow)
+            else:
+                k, v = self._k, self._v
+            k[:, :, :kept] = self._k[:, :, lo:self._n].clone()
+            v[:, :, :kept] = self._v[:, :, lo:self._n].clone()
+            self._k, self._v, self._n = k, v, kept
+        n = self._n
+        self._k[:, :, n:n + q].copy_(key_states)
+        self._v[:, :, n:n + q].copy_(value_states)
+        self._n = n + q
+        self.cumulative_length += q
+        full = (self._k[:, :, n - kept:n + q], self._v[:, :, n - kept:n + q])
+        self._views()
+        return full
+
+    def select(self, rows: torch.Tensor) -> "ReservedSlidingLayer":
+        idx = rows.to(self._k.device)
+        out = copy.copy(self)
+        out._k, out._v = self._k.index_select(0, idx), self._v.index_select(0, idx)
+        out._views()
+        return out
+
+    def clone(self) -> "ReservedSlidingLayer":
+        out = copy.copy(self)
+        out._k, out._v = self._k.clone(), self._v.clone()
+        out._views()
+        return out
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("ReservedSlidingLayer does not support crop")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+        self._views()
+
+
 def reserve(cache, extra: int):
     """``cache`` with every plain full-attention layer replaced by a :class:`ReservedLayer`
-    holding room for ``extra`` more positions (sliding-window and other layer kinds are
-    kept as they are). Copies the cached states once."""
-    dynamic = _dynamic_layer_class()
+    holding room for ``extra`` more positions, and every plain sliding-window layer by a
+    :class:`ReservedSlidingLayer` (other layer kinds are kept as they are). Copies the cached
+    states once."""
+    dynamic, sliding = _dynamic_layer_class(), _sliding_layer_class()
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
         keys = getattr(layer, "keys", None)
-        if type(layer) is dynamic and isinstance(keys, torch.Tensor) and keys.numel():
+        filled = isinstance(keys, torch.Tensor) and keys.numel()
+        if type(layer) is dynamic and filled:
             new.layers.append(ReservedLayer(keys, layer.values, keys.shape[-2] + extra))
+        elif type(layer) is sliding and filled and not layer.record_past:
+            new.layers.append(ReservedSlidingLayer(layer, extra))
         else:
             new.layers.append(layer)
     return new
