@@ -91,7 +91,7 @@ def fork_cache(cache, rows: torch.Tensor | None = None, expand: int | None = Non
     new = copy.copy(cache)
     new.layers = []
     for layer in cache.layers:
-        if isinstance(layer, (ReservedLayer, ReservedSlidingLayer)):
+        if isinstance(layer, _Buffered):
             new.layers.append(layer.select(rows) if rows is not None else layer.clone())
             continue
         lay = copy.copy(layer)
@@ -112,7 +112,34 @@ def _dynamic_layer_class():
     return DynamicLayer
 
 
-class ReservedLayer(_dynamic_layer_class()):
+class _Buffered:
+    """Row selection and copying for cache layers whose states live in buffers ``_k``/``_v``
+    (written in place) exposed through views (``_views``)."""
+
+    def select(self, rows: torch.Tensor):
+        """A copy holding the rows ``rows`` (index tensor, repeats allowed) of the buffers."""
+        idx = rows.to(self._k.device)
+        out = copy.copy(self)
+        out._k, out._v = self._k.index_select(0, idx), self._v.index_select(0, idx)
+        out._views()
+        return out
+
+    def clone(self):
+        out = copy.copy(self)
+        out._k, out._v = self._k.clone(), self._v.clone()
+        out._views()
+        return out
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+        self._views()
+
+
+class ReservedLayer(_Buffered, _dynamic_layer_class()):
     """A full-attention cache layer whose keys/values live in buffers with room for
     ``capacity`` positions: :meth:`update` writes the new states in place and returns views,
     instead of concatenating (reallocating and copying) the whole cache at every decode step,
@@ -145,31 +172,12 @@ class ReservedLayer(_dynamic_layer_class()):
         self._views()
         return self.keys, self.values
 
-    def select(self, rows: torch.Tensor) -> "ReservedLayer":
-        idx = rows.to(self._k.device)
-        out = copy.copy(self)
-        out._k, out._v = self._k.index_select(0, idx), self._v.index_select(0, idx)
-        out._views()
-        return out
-
-    def clone(self) -> "ReservedLayer":
-        out = copy.copy(self)
-        out._k, out._v = self._k.clone(), self._v.clone()
-        out._views()
-        return out
 
     def crop(self, tokens_to_remove: int) -> None:
         super().crop(tokens_to_remove)
         self._n = self.keys.shape[-2]
         self._views()
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
-        self._views()
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k, self._v = self._k[indices, ...], self._v[indices, ...]
-        self._views()
 
 
 def _sliding_layer_class():
@@ -177,7 +185,7 @@ def _sliding_layer_class():
     return DynamicSlidingWindowLayer
 
 
-class ReservedSlidingLayer(_sliding_layer_class()):
+class ReservedSlidingLayer(_Buffered, _sliding_layer_class()):
     """A sliding-window cache layer (``DynamicSlidingWindowLayer``: keeps the last
     ``window - 1`` positions; an update returns those plus the new ones) whose states live in a
     buffer with room for ``extra`` positions beyond the window: :meth:`update` writes in place
@@ -231,29 +239,10 @@ class ReservedSlidingLayer(_sliding_layer_class()):
         self._views()
         return full
 
-    def select(self, rows: torch.Tensor) -> "ReservedSlidingLayer":
-        idx = rows.to(self._k.device)
-        out = copy.copy(self)
-        out._k, out._v = self._k.index_select(0, idx), self._v.index_select(0, idx)
-        out._views()
-        return out
-
-    def clone(self) -> "ReservedSlidingLayer":
-        out = copy.copy(self)
-        out._k, out._v = self._k.clone(), self._v.clone()
-        out._views()
-        return out
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("ReservedSlidingLayer does not support crop")
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._k, self._v = self._k.repeat_interleave(repeats, 0), self._v.repeat_interleave(repeats, 0)
-        self._views()
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._k, self._v = self._k[indices, ...], self._v[indices, ...]
-        self._views()
 
 
 def reserve(cache, extra: int):
