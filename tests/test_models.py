@@ -190,10 +190,12 @@ def test_cli_prepare_model_prints_path(cfg, smol):
 # --------------------------------------------------------------------------------------------
 # loading
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("quant,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
-                                         ("nf4", torch.bfloat16)])
-def test_load_quantizations_on_cpu(cfg, smol, quant, dtype):
-    lm = load_model(cfg, KEY, quantization=quant, device="cpu")
+@pytest.mark.parametrize("quant,dtype,engine", [("fp32", torch.float32, True),
+                                                ("bf16", torch.bfloat16, True),
+                                                ("nf4", torch.bfloat16, True),
+                                                ("nf4", torch.bfloat16, False)])
+def test_load_quantizations_on_cpu(cfg, smol, quant, dtype, engine):
+    lm = load_model(cfg, KEY, quantization=quant, device="cpu", cpu_engine=engine)
     info = lm.info
     assert info["model_key"] == KEY and info["path"] == str(smol)
     assert info["quantization"] == quant and info["device"] == "cpu"
@@ -204,10 +206,15 @@ def test_load_quantizations_on_cpu(cfg, smol, quant, dtype):
     assert lm.model.get_input_embeddings().weight.dtype == dtype
     linear_types = {type(m).__name__ for m in lm.model.modules() if "Linear" in type(m).__name__}
     if quant == "nf4":
-        assert "Linear4bit" in linear_types
         assert info["dtype"] == "nf4/bfloat16"
+        # quantised by bitsandbytes at load; on a CPU the engine then dequantises each layer
+        # once (safetyrepro.models.nf4; its equality with bitsandbytes: test_cpu_engine.py)
+        from safetyrepro.models.nf4 import BITSANDBYTES, DEQUANTIZED
+        assert info["nf4_matmul"] == (DEQUANTIZED if engine else BITSANDBYTES)
+        assert ("Linear4bit" in linear_types) == (not engine)
     else:
-        assert "Linear4bit" not in linear_types
+        assert "Linear4bit" not in linear_types and "nf4_matmul" not in info
+    assert info["attention"] == ("sdpa_engine" if engine else "sdpa")
     # the loaded model runs: one greedy step on a short prompt gives a finite distribution
     ids = torch.tensor([lm.tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]])
     with torch.inference_mode():
