@@ -77,9 +77,22 @@ class _Sampler:
             row_seeds = seeds if seeds is not None else [seed] * len(prompts)
             self.gens = [torch.Generator().manual_seed(item_seed(s, p)) for s, p in zip(row_seeds, prompts)]
 
+    def _uniforms(self, active: list[int]) -> torch.Tensor:
+        """One float64 uniform per active row, each from the row's own generator."""
+        return torch.stack([torch.rand((), generator=self.gens[r], dtype=torch.float64)
+                            for r in active])
+
     def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
+        """The next token of each row of ``logits`` ([len(active), V], any float dtype)."""
         if self.gens is None:
             return logits.argmax(dim=-1)
+        if self.top_p == 1.0 and logits.device.type == "cpu":
+            return self._draw_rows(logits, active)
+        return self._draw_batch(logits, active)
+
+    def _draw_batch(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
+        """Softmax, nucleus and inverse CDF over the whole batch at once (accelerators, and
+        ``top_p < 1``)."""
         probs = torch.softmax(logits.float() / self.temperature, dim=-1)
         if self.top_p < 1.0:
             probs, order = probs.sort(dim=-1, descending=True)
@@ -88,13 +101,49 @@ class _Sampler:
         else:
             order = None
         cdf = probs.cumsum(dim=-1)
-        u = torch.stack([torch.rand((), generator=self.gens[r], dtype=torch.float64)
-                         for r in active]).to(device=cdf.device, dtype=cdf.dtype)
+        u = self._uniforms(active).to(device=cdf.device, dtype=cdf.dtype)
         u = u * cdf[:, -1]
         idx = torch.searchsorted(cdf, u.unsqueeze(1)).clamp_(max=cdf.shape[1] - 1)
         if order is not None:
             idx = order.gather(1, idx)
         return idx.squeeze(1)
+
+    _BLOCK = 1024
+
+    def _draw_rows(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
+        """The same inverse-CDF draw (``top_p == 1``), one row at a time on the CPU.
+
+        A row of a 150k-260k vocabulary is 0.6-1 MB in float32, so its exponentials stay in
+        the core's cache, where the whole-batch version streams [rows, V] tensors through
+        memory for every pass and allocates three of them per step. The cumulative sum is
+        taken in two levels: float64 sums of blocks of 1,024 exponentials locate the block
+        where u times the row total falls, then a float64 cumulative sum within that block
+        locates the token (measured on 60 rows: 121 -> 22 ms per step for Gemma's 262k
+        vocabulary, 74 -> 15 ms for Qwen's 152k; ``tests/test_sampling.py``). The draw is
+        the same: token = first index whose cumulative exp((logit - max) / T) reaches u
+        times the row's total; it differs from the batch version only by the rounding of the
+        cumulative sums (float64 here, float32 there)."""
+        n, v = logits.shape
+        bs = self._BLOCK
+        nb = -(-v // bs)
+        if getattr(self, "_row", None) is None or self._row.numel() != nb * bs:
+            self._row = torch.zeros(nb * bs, dtype=torch.float32)  # tail past v stays 0
+        full, x = self._row, self._row[:v]
+        blocks = full.view(nb, bs)
+        u = self._uniforms(active).tolist()
+        inv_t = 1.0 / self.temperature
+        out = []
+        for j in range(n):
+            x.copy_(logits[j])
+            x.sub_(x.max()).mul_(inv_t).exp_()
+            cs = blocks.sum(1, dtype=torch.float64).cumsum_(0)
+            target = u[j] * float(cs[-1])
+            b = min(int(torch.searchsorted(cs, torch.tensor([target], dtype=torch.float64))), nb - 1)
+            before = float(cs[b - 1]) if b else 0.0
+            within = blocks[b].cumsum(0, dtype=torch.float64)
+            i = int(torch.searchsorted(within, torch.tensor([target - before], dtype=torch.float64)))
+            out.append(min(b * bs + min(i, bs - 1), v - 1))
+        return torch.tensor(out, dtype=torch.long)
 
 
 class _Outputs:
@@ -169,7 +218,7 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = mask.sum(dim=1, keepdim=True) - 1 + offset
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1,
-                         prefix=prefix)[:, -1, :].float()
+                         prefix=prefix)[:, -1, :]
     return out.generations(n_prompt)
 
 
@@ -220,12 +269,12 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
         pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
         allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
                              own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
-        logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                         prefix=prefix)
         active = [active[j] for j in keep]
         rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
         cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
-        cur = logits[rows, cols].float()
+        # logits of the running seeds only (finished seeds' dummy columns are not projected)
+        cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+                      prefix=prefix, select=(rows, cols))
     return out.generations([n_prompt[v % n] for v in range(n * k)])
 
 

@@ -55,16 +55,34 @@ def new_cache(lm):
 
 def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
-            prefix: "Prefix | None" = None) -> torch.Tensor:
+            prefix: "Prefix | None" = None,
+            select: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
 
     With a *detached* ``prefix`` (:attr:`Prefix.detached`), ``cache`` and ``attention_mask``
     hold the rows' own columns only and every query also attends to the prefix, which the
-    engine's attention reads once for the whole batch (:mod:`.attention`)."""
-    with shared_prefix(prefix if prefix is not None and prefix.detached else None):
-        out = lm.model(input_ids=input_ids, attention_mask=attention_mask,
-                       position_ids=position_ids, use_cache=True,
-                       logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
+    engine's attention reads once for the whole batch (:mod:`.attention`).
+
+    ``select = (rows, cols)``: logits only at the positions ``(rows[i], cols[i])``, returned
+    as ``[len(rows), V]``; the final hidden states are gathered before the output projection
+    (which is most of a decode step's work for 150k+ vocabularies), so positions nobody reads
+    are not projected. Whatever the model applies after the projection (Gemma's logit
+    soft-capping) still applies; the selected logits equal ``forward(...)[rows, cols]``."""
+    hook = None
+    if select is not None:
+        rows, cols = select
+
+        def gather(_module, args):
+            return (args[0][rows, cols],) + tuple(args[1:])
+        hook = lm.model.get_output_embeddings().register_forward_pre_hook(gather)
+    try:
+        with shared_prefix(prefix if prefix is not None and prefix.detached else None):
+            out = lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                           position_ids=position_ids, use_cache=True,
+                           logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
+    finally:
+        if hook is not None:
+            hook.remove()
     return out.logits
 
 

@@ -1,0 +1,110 @@
+"""The temperature sampler (``safetyrepro.inference.generate._Sampler``).
+
+On a CPU with ``top_p == 1`` rows are drawn one at a time with a two-level cumulative sum
+(``_draw_rows``); elsewhere the whole batch at once (``_draw_batch``). Both are inverse-CDF
+draws of softmax(logits / T) with one uniform per row from the row's own generator. These
+tests check the row path against an independent float64 computation with the same uniforms,
+the drawn frequencies against the distribution, block and vocabulary edges, and that the
+forward pass's ``select`` (logits at chosen positions only) equals indexing the full logits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from safetyrepro.inference.generate import _Sampler
+from safetyrepro.inference.kvcache import forward, new_cache
+
+PROMPTS = [f"prompt {i}" for i in range(400)]
+
+
+def _reference(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> list[int]:
+    """Inverse CDF in float64 numpy from the same exponentials the sampler computes."""
+    out = []
+    for row, ur in zip(logits.float(), u.tolist()):
+        x = row.clone()
+        e = x.sub_(x.max()).mul_(1.0 / temperature).exp_().double().numpy()
+        cdf = np.cumsum(e)
+        out.append(min(int(np.searchsorted(cdf, ur * cdf[-1], side="left")), len(e) - 1))
+    return out
+
+
+@pytest.mark.parametrize("vocab", [1024, 3000, 151936])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_draws_equal_a_float64_inverse_cdf(vocab, dtype):
+    g = torch.Generator().manual_seed(vocab)
+    n = 64 if vocab > 10_000 else 400
+    # peaked rows like a language model's (a few likely tokens over a long flat tail)
+    logits = torch.randn((n, vocab), generator=g) * 2
+    top = torch.randint(0, vocab, (n, 5), generator=g)
+    logits.scatter_(1, top, torch.rand((n, 5), generator=g) * 6 + 8)
+    logits = logits.to(dtype)
+    active = list(range(n))
+    got = _Sampler(0.7, 1.0, 3, PROMPTS[:n])._draw_rows(logits, active)
+    u = _Sampler(0.7, 1.0, 3, PROMPTS[:n])._uniforms(active)   # the same generators, fresh
+    want = _reference(logits, 0.7, u)
+    assert got.dtype == torch.long and got.tolist() == want
+    # the batch version (float32 cumulative sums) draws the same tokens on such rows
+    batch = _Sampler(0.7, 1.0, 3, PROMPTS[:n])._draw_batch(logits, active)
+    assert (batch == got).float().mean().item() >= 0.99
+
+
+def test_row_draws_follow_the_distribution():
+    vocab, n = 2500, 400
+    logits = torch.full((vocab,), -30.0)
+    likely = torch.tensor([0, 1023, 1024, 2047, 2048, vocab - 1])  # block edges and the last id
+    logits[likely] = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, 1.2])
+    probs = torch.softmax(logits.double() / 0.7, dim=0)
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for rep in range(25):                                        # 10,000 draws
+        s = _Sampler(0.7, 1.0, rep, PROMPTS[:n])
+        tok = s._draw_rows(logits.expand(n, vocab), list(range(n)))
+        counts += torch.bincount(tok, minlength=vocab)
+    total = int(counts.sum())
+    assert set(torch.nonzero(counts).flatten().tolist()) <= set(likely.tolist())
+    expected = probs[likely] * total
+    chi2 = float((((counts[likely] - expected) ** 2) / expected).sum())
+    assert chi2 < 20.5, (chi2, counts[likely].tolist(), expected.tolist())  # 5 dof, p = 0.001
+
+
+def test_row_draws_reach_the_last_token_and_skip_zero_mass():
+    vocab = 1500                                   # the last block is partly padding
+    logits = torch.full((3, vocab), -math.inf)
+    logits[0, vocab - 1] = 0.0                     # all mass on the last id
+    logits[1, 1023] = 0.0                          # all mass at a block's last position
+    logits[2, 1024] = 0.0                          # all mass at a block's first position
+    for rep in range(20):
+        tok = _Sampler(1.0, 1.0, rep, PROMPTS[:3])._draw_rows(logits.clone(), [0, 1, 2])
+        assert tok.tolist() == [vocab - 1, 1023, 1024]
+
+
+def test_cpu_top_p_one_takes_the_row_path_and_consumes_one_uniform_per_row():
+    logits = torch.randn(4, 3000)
+    a, b = _Sampler(0.3, 1.0, 0, PROMPTS[:4]), _Sampler(0.3, 1.0, 0, PROMPTS[:4])
+    assert a(logits, [0, 1, 2, 3]).tolist() == b._draw_rows(logits, [0, 1, 2, 3]).tolist()
+    # a row's generator advances by exactly one draw per step, whichever path drew it
+    c = _Sampler(0.3, 1.0, 0, PROMPTS[:4])
+    c._draw_batch(logits, [0, 1, 2, 3])
+    assert a._uniforms([2]).tolist() == c._uniforms([2]).tolist()
+    # nucleus sampling keeps the batch path
+    nucleus = _Sampler(0.3, 0.9, 0, PROMPTS[:4])
+    assert nucleus(logits, [0, 1, 2, 3]).tolist() == \
+        _Sampler(0.3, 0.9, 0, PROMPTS[:4])._draw_batch(logits, [0, 1, 2, 3]).tolist()
+
+
+def test_forward_select_equals_indexing_the_full_logits(smol_fp32):
+    lm = smol_fp32
+    ids = torch.tensor([[1, 42, 7, 99, 5], [3, 8, 15, 16, 23]])
+    mask = torch.ones_like(ids)
+    pos = torch.arange(5).expand(2, 5)
+    full = forward(lm, ids, mask, pos, new_cache(lm))
+    rows, cols = torch.tensor([1, 0, 1]), torch.tensor([4, 2, 0])
+    part = forward(lm, ids, mask, pos, new_cache(lm), select=(rows, cols))
+    assert part.shape == (3, full.shape[-1])
+    torch.testing.assert_close(part, full[rows, cols], rtol=1e-5, atol=1e-5)
+    # the gathering hook is removed afterwards
+    assert forward(lm, ids, mask, pos, new_cache(lm)).shape == full.shape
