@@ -457,3 +457,35 @@ def test_stop_kills_a_stuck_worker_and_ignores_foreign_pids(sd):
     assert rows["ghost"]["outcome"] == "stale" and not ghost.exists()
     assert len(caught) == 1 and isinstance(caught[0], WorkerCrashed)
     assert "cell-stuck" in str(caught[0])
+
+
+# ---- the cell job's client process ----------------------------------------------------------
+
+def test_cell_client_imports_only_what_a_running_worker_needs():
+    """Every cell job starts this process; modules it does not need cost start-up time ~1,800
+    times per run (argparse, subprocess, typing, tempfile: ~30 ms together here)."""
+    code = ("import sys, safetyrepro.cell_client, safetyrepro.worker.client, safetyrepro.worker.state; "
+            "print(sorted(m for m in ('argparse', 'subprocess', 'typing', 'tempfile', 'signal', "
+            "'torch', 'numpy', 'safetyrepro.worker.events') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    # the package's lazy exports still resolve
+    import safetyrepro.worker as w
+    assert w.summarize_events.__module__ == "safetyrepro.worker.events"
+    with pytest.raises(AttributeError):
+        w.no_such_name
+
+
+def test_cell_client_arguments_are_checked():
+    from safetyrepro.cell_client import REQUIRED, UsageError, main, parse_args
+
+    full = [x for n in REQUIRED for x in (f"--{n}", "7" if n == "seed" else f"v-{n}")]
+    opts = parse_args(full + ["--idle-timeout=5"])
+    assert opts["seed"] == "7" and opts["idle-timeout"] == "5" and opts["results-dir"] == "v-results-dir"
+    for bad, msg in ((full[2:], "missing --results-dir"), (full + ["--seeds", "1"], "unknown option --seeds"),
+                     (full + ["--seed", "2"], "--seed given twice"), (full + ["extra"], "unexpected argument"),
+                     (full + ["--out"], "needs a value")):
+        with pytest.raises(UsageError, match=msg):
+            parse_args(bad)
+    assert main(full[:-1] + ["x"]) == 2          # a seed that is not an integer
+    assert main(["--help"]) == 0

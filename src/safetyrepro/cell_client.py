@@ -9,7 +9,6 @@ torch, pandas nor the config validator: its start-up is a few tens of millisecon
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -46,24 +45,69 @@ def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, s
                      benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant)
 
 
+REQUIRED = ("results-dir", "key", "config", "model", "benchmark", "cell", "out", "quantization",
+            "seed")
+USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
+         + " [--idle-timeout S]\n\nRun one cell in its model's persistent worker (the cell "
+         f"rule's command). --idle-timeout: worker idle timeout in seconds (default: ${IDLE_ENV} "
+         "or 120).")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """``--name value`` pairs (``--name=value`` too) into a dict. A hand-written parser, not
+    argparse: argparse (with ``re`` and ``gettext``) is the largest import of a process that
+    runs once per cell job."""
+    names = set(REQUIRED) | {"idle-timeout"}
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise UsageError(f"unexpected argument {arg!r}")
+        name, eq, value = arg[2:].partition("=")
+        if name not in names:
+            raise UsageError(f"unknown option --{name}")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise UsageError(f"--{name} needs a value")
+            i += 1
+            value = argv[i]
+        if name in out:
+            raise UsageError(f"--{name} given twice")
+        out[name] = value
+        i += 1
+    missing = [f"--{n}" for n in REQUIRED if n not in out]
+    if missing:
+        raise UsageError("missing " + ", ".join(missing))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m safetyrepro.cell_client",
-                                 description="Run one cell in its model's persistent worker.")
-    for name in ("results-dir", "key", "config", "model", "benchmark", "cell", "out", "quantization"):
-        ap.add_argument(f"--{name}", required=True)
-    ap.add_argument("--seed", type=int, required=True)
-    ap.add_argument("--idle-timeout", type=float, default=float(os.environ.get(IDLE_ENV, "120")),
-                    help=f"worker idle timeout in seconds (default: ${IDLE_ENV} or 120)")
-    a = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    try:
+        opts = parse_args(argv)
+        seed = int(opts["seed"])
+        idle = float(opts.get("idle-timeout", os.environ.get(IDLE_ENV, "120")))
+    except (UsageError, ValueError) as exc:
+        print(f"{USAGE}\n\nerror: {exc}", file=sys.stderr)
+        return 2
+
     from .errors import SafetyReproError
     from .worker.state import default_state_dir
 
-    state_dir = str(default_state_dir(os.path.abspath(a.results_dir)))
+    state_dir = str(default_state_dir(os.path.abspath(opts["results-dir"])))
     try:
-        summary = send_cell(state_dir=state_dir, key=a.key, idle_timeout=a.idle_timeout,
-                            config=os.path.abspath(a.config),
-                            model=a.model, benchmark=a.benchmark, cell=a.cell, seed=a.seed,
-                            out=os.path.abspath(a.out), quantization=a.quantization)
+        summary = send_cell(state_dir=state_dir, key=opts["key"], idle_timeout=idle,
+                            config=os.path.abspath(opts["config"]), model=opts["model"],
+                            benchmark=opts["benchmark"], cell=opts["cell"], seed=seed,
+                            out=os.path.abspath(opts["out"]), quantization=opts["quantization"])
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

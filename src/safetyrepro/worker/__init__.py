@@ -8,12 +8,23 @@ loaded model and runs cells on it; see :mod:`.server` for the worker's behaviour
 This package's ``__init__`` imports only the light client side (no torch).
 """
 
-from .client import run_in_worker, stop_workers, worker_status
-from .errors import (WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError,
-                     WorkerStartError)
-from .events import event_files, format_summary, summarize_events
-from .state import default_state_dir, make_key
+# Resolved on first use (PEP 562): a cell job's client imports ``.client`` alone, and every
+# module it does not need costs start-up time on each of the run's ~1,800 jobs.
+_EXPORTS = {
+    "run_in_worker": "client", "stop_workers": "client", "worker_status": "client",
+    "WorkerCallError": "errors", "WorkerCrashed": "errors", "WorkerError": "errors",
+    "WorkerLoadError": "errors", "WorkerStartError": "errors",
+    "event_files": "events", "format_summary": "events", "summarize_events": "events",
+    "default_state_dir": "state", "make_key": "state",
+}
+__all__ = list(_EXPORTS)
 
-__all__ = ["run_in_worker", "stop_workers", "worker_status", "WorkerCallError", "WorkerCrashed",
-           "WorkerError", "WorkerLoadError", "WorkerStartError", "event_files", "format_summary",
-           "summarize_events", "default_state_dir", "make_key"]
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

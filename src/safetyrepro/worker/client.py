@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
 from .protocol import PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message, recv_message, send_frame
@@ -117,6 +117,8 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
 def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle_timeout: float,
            start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None) -> None:
     """Start a detached worker and wait until it listens (call with the start lock held)."""
+    import subprocess  # here, not at the top: most clients find a worker running
+
     cmd = [python or sys.executable, "-m", "safetyrepro.worker", "serve",
            "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
            "--loader-arg", json.dumps(loader_args, sort_keys=True),
@@ -348,6 +350,8 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
     ``timeout`` s for them to exit (they finish their current call first), then SIGKILL the
     rest if ``kill``. Returns one {key, pid, outcome} per worker, outcome one of
     "stopped", "killed", "still running", "stale" (was already dead; files removed)."""
+    import signal
+
     targets: dict[int, dict[str, Any]] = {}
     for info in list_pid_files(state_dir):
         if key is not None and info.get("key") != key:

@@ -20,7 +20,9 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 from .state import EVENTS_FILE, WORKERS_SUBDIR
 

@@ -22,7 +22,9 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024

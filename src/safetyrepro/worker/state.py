@@ -27,10 +27,11 @@ import json
 import os
 import re
 import socket
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
+if TYPE_CHECKING:
+    from typing import Any
 
 from .errors import WorkerError
 
@@ -139,6 +140,8 @@ def socket_path(state_dir: Path, key: str) -> Path:
 
 
 def short_socket_dir() -> Path:
+    import tempfile
+
     d = Path(tempfile.gettempdir()) / f"safetyrepro-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
     if len(os.fsencode(str(d))) > MAX_SOCKET_PATH - 30:
