@@ -102,6 +102,56 @@ def test_sampled_seeds_reproducible_and_distinct(setup):
     assert out0 != [r["raw_output"] for r in read_shard(s1)[0].to_pylist()]
 
 
+def test_a_decode_group_is_generated_once_and_handed_out_per_job(setup, monkeypatch):
+    """The greedy, T=0.3 and T=0.7 cells of one (template, shots) form one decode group: the
+    first of their jobs generates all 11 sequences per item in one batch, the others are
+    served from memory in any order, a rerun regenerates the same outputs, and the group is in
+    every member's fingerprint."""
+    import safetyrepro.inference as inference
+    from safetyrepro.inference import generate as plain_generate
+    from safetyrepro.plan import Plan
+
+    d, path, lm = setup
+    plan = Plan(load_config(path))
+    group = plan.decode_group("bbq", "T2-t0.3-k0-freeform")
+    assert group == (("greedy", 1), ("t0.3", 5), ("t0.7", 5))
+    assert plan.decode_group("bbq", "T2-greedy-k0-freeform") == group
+    assert plan.decode_group("bbq", "T2-greedy-k0-logprob") == (("greedy", 1),)
+    calls = []
+    orig = inference.generate_streams
+
+    def counting(*a, **kw):
+        calls.append(len(a[2]))
+        return orig(*a, **kw)
+    monkeypatch.setattr(inference, "generate_streams", counting)
+    order = [("t0.7", 3), ("greedy", 0), ("t0.3", 0), ("t0.7", 0), ("t0.3", 4)]
+    outs = {}
+    for dec, seed in order:
+        out, _ = _run(setup, "bbq", f"T2-{dec}-k0-freeform", seed=seed, name=f"g-{dec}-{seed}.parquet")
+        outs[dec, seed] = [r["raw_output"] for r in read_shard(out)[0].to_pylist()]
+    assert calls == [11]
+    # fp32: each member equals its decoding computed on its own
+    prompts = read_shard(out)[0].column("prompt").to_pylist()
+    kw = dict(max_new_tokens=6, batch_size=16)
+    assert outs["greedy", 0] == [g.text for g in plain_generate(lm, prompts, temperature=0, **kw)]
+    assert outs["t0.7", 3] == [g.text for g in plain_generate(lm, prompts, temperature=0.7, seed=3, **kw)]
+    # asking again for a member already handed out regenerates the group, same outputs
+    again, _ = _run(setup, "bbq", "T2-t0.7-k0-freeform", seed=3, name="g-again.parquet")
+    assert [r["raw_output"] for r in read_shard(again)[0].to_pylist()] == outs["t0.7", 3]
+    assert calls == [11, 11]
+    # the group is part of each member's fingerprint: three seeds instead of five change
+    # the greedy cell's batch, so its fingerprint
+    three = yaml.safe_load(open(path))
+    three["envelope"]["seeds"] = 3
+    (d / "three.yaml").write_text(yaml.safe_dump(three))
+    other = Plan(load_config(d / "three.yaml"))
+    assert other.decode_group("bbq", "T2-greedy-k0-freeform") == (("greedy", 1), ("t0.3", 3), ("t0.7", 3))
+    assert other.cell_fingerprint("smol", "bbq", "T2-greedy-k0-freeform", 0) != \
+        plan.cell_fingerprint("smol", "bbq", "T2-greedy-k0-freeform", 0)
+    assert other.cell_fingerprint("smol", "bbq", "T2-greedy-k0-logprob", 0) == \
+        plan.cell_fingerprint("smol", "bbq", "T2-greedy-k0-logprob", 0)
+
+
 @pytest.mark.parametrize("benchmark, cell, seed, needle", [
     ("crows_pairs", "T1-greedy-k0-freeform", 0, "crows-logprob-only"),
     ("bbq", "T1-t0.3-k0-logprob", 0, "logprob-greedy-only"),

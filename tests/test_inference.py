@@ -165,6 +165,38 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
     assert [g.token_ids for g in greedy[1]] == [g.token_ids for g in greedy[2]]
 
 
+def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
+    """A decode group (greedy + two temperatures, several seeds, one nucleus stream) prefills
+    once and decodes every sequence in one forward per step; in fp32 each stream's tokens
+    equal a separate call's, with seed columns and with repeated rows."""
+    from safetyrepro.inference import Stream, generate_streams
+
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.3, 1.0, 0), Stream(0.3, 1.0, 1), Stream(0.7, 1.0, 0),
+               Stream(0.7, 0.9, 2)]
+    kw = dict(max_new_tokens=8, batch_size=8)
+    want = [generate(lm, prompts, temperature=st.temperature, top_p=st.top_p, seed=st.seed, **kw)
+            for st in streams]
+    for columns in (True, False):
+        fed = []
+        hook = lm.model.register_forward_pre_hook(
+            lambda mod, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        try:
+            got = generate_streams(lm, prompts, streams, seed_columns=columns, **kw)
+        finally:
+            hook.remove()
+        assert len(got) == len(streams)
+        for st, g, w in zip(streams, got, want):
+            assert [x.token_ids for x in g] == [x.token_ids for x in w], (columns, st)
+        n = len(prompts)
+        if columns:   # all streams of a batch in one decode forward
+            assert (n, len(streams)) in fed
+        else:         # repeated rows: the streams of one temperature and top_p together
+            assert (2 * n, 1) in fed and (n * len(streams), 1) not in fed
+    with pytest.raises(ValueError, match="temperature"):
+        generate_streams(lm, prompts, [Stream(-1.0)], **kw)
+
+
 def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
     prompts = _prompts(lm)
     seeds = [0, 1, 2, 3, 4]

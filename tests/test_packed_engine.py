@@ -246,8 +246,9 @@ def test_reserved_layer_writes_in_place_and_forks_independently():
 
 @pytest.mark.slow
 def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
-    # Gemma-3: padded prefill (packed prefill refuses sliding-window caches), reserved buffers
-    # for its full-attention layers only, sliding layers keep their own cache
+    # Gemma-3, prompts inside its 512-token window: generation treats the sliding layers as full
+    # attention (window_as_full: packed prefill, detached prefix); outside such a call the
+    # model's sliding layers keep their own caches and packed prefill is refused
     assert not packed_prefill_supported(gemma)
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
@@ -296,3 +297,40 @@ def test_generation_past_the_sliding_window_equals_per_item_generate(gemma):
     for p, g in zip(prompts, gens):
         ref_ids = reference_greedy(gemma, p, 6)
         assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1
+
+
+@pytest.mark.slow
+def test_window_as_full_gives_the_sliding_model_seed_columns_with_the_same_outputs(gemma):
+    from safetyrepro.inference.generate import generate_multi_seed
+    from safetyrepro.inference.kvcache import shares_prefix, window_as_full
+
+    window = gemma.model.config.get_text_config().sliding_window
+    with window_as_full(gemma, window) as on:
+        assert on and packed_prefill_supported(gemma) and shares_prefix(gemma)
+    with window_as_full(gemma, window + 1) as on:
+        assert not on and not packed_prefill_supported(gemma)
+    assert not packed_prefill_supported(gemma)  # the context is left behind
+    prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
+                                               {"role": "user", "content": q}]) for q in QUESTIONS]
+    shapes = {}
+    for full in (True, False):
+        seen = shapes[full] = []
+        hook = gemma.model.register_forward_pre_hook(
+            lambda mod, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        try:
+            got = generate_multi_seed(gemma, prompts, [0, 1, 2], max_new_tokens=8, temperature=0.7,
+                                      batch_size=4, window_full=full)
+            greedy = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=4,
+                              window_full=full)
+        finally:
+            hook.remove()
+        if full:
+            want, want_greedy = got, greedy
+    # fp32: the same tokens either way, for every seed and for greedy decoding
+    for s in (0, 1, 2):
+        assert [g.token_ids for g in got[s]] == [g.token_ids for g in want[s]]
+    assert [g.token_ids for g in greedy] == [g.token_ids for g in want_greedy]
+    # inside the window the seeds decoded as columns of one row per prompt: steps feed
+    # [prompts, 3] tokens; outside, one row per (seed, prompt) feeding one token
+    assert any(shape[1] == 3 for shape in shapes[True]) and (4 * 3, 1) not in shapes[True]
+    assert (4 * 3, 1) in shapes[False] and not any(shape[1] == 3 for shape in shapes[False][1:])

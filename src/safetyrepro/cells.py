@@ -9,6 +9,7 @@ prefill, one decode per seed) and keeps the other seeds' outputs until their job
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
@@ -138,7 +139,8 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
     t0 = time.perf_counter()
     try:
         if c.scoring == "freeform":
-            rows = _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress)
+            rows = _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress,
+                                 plan.decode_group(benchmark, cell, variant))
         else:
             rows = _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt)
     except SafetyReproError as exc:
@@ -199,43 +201,58 @@ def _shard_schema():
 SHARD_SCHEMA = _shard_schema()
 
 
-SEED_CACHE_MAX = 4096  # configs with seeds still to hand out (outputs are small text)
+SEED_CACHE_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
 
 
-def _sampled_generations(lm, spec, prompts, seeds, kw) -> list:
-    """Generations of one seed of a sampled config. All seeds of the config are generated in
-    one pass (one prefill, one decode per seed) the first time any of them is asked for; the
-    others wait in memory until their jobs come, in whatever order the scheduler sends them.
-    A seed is handed out once; asking again (a rerun) generates afresh, with the same result,
-    since each seed drives its own generator."""
-    from .inference import generate_multi_seed
+def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw) -> list:
+    """Generations of one (decoding, seed) of a free-form cell's decode group
+    (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template and
+    shots, with all their seeds). The whole group is generated in one pass (one prefill, all
+    its sequences decoded in one batch, :func:`.inference.generate_streams`) the first time
+    any of its cells is asked for; the others wait in memory until their jobs come, in
+    whatever order the scheduler sends them. A (decoding, seed) is handed out once; asking
+    again (a rerun) generates the group afresh, with the same result, since each sequence
+    drives its own generator and the batch is the same."""
+    from .inference import Stream, generate_streams
 
-    key = (spec.model, spec.quantization, spec.benchmark, spec.config_id, canonical_hash(prompts),
-           canonical_hash(kw | {"progress": None}))
+    # the prompts identify the template, shots and items; kw the generation settings
+    key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(prompts),
+           canonical_hash(kw | {"progress": None}), tuple(group))
     pending = _SEED_CACHE.get(key)
-    if pending is None or spec.seed not in pending:
-        pending = generate_multi_seed(lm, prompts, seeds, store=_prefills(lm), **kw)
+    if pending is None or (decoding, spec.seed) not in pending:
+        streams, owners = [], []
+        for d, n_seeds in group:
+            lv = levels[d]
+            if lv["sampled"]:
+                for s in range(n_seeds):
+                    streams.append(Stream(lv["temperature"], lv.get("top_p", 1.0), s))
+                    owners.append([(d, s)])
+            else:  # one greedy decode serves every seed
+                streams.append(Stream(0.0, lv.get("top_p", 1.0), 0))
+                owners.append([(d, s) for s in range(n_seeds)])
+        outs = generate_streams(lm, prompts, streams, store=_prefills(lm), **kw)
+        pending = {}
+        for out, who in zip(outs, owners):
+            for j, ds in enumerate(who):
+                pending[ds] = out if j == 0 else [dataclasses.replace(g, token_ids=list(g.token_ids))
+                                                  for g in out]
         _SEED_CACHE[key] = pending
         while len(_SEED_CACHE) > SEED_CACHE_MAX:  # oldest first
             _SEED_CACHE.pop(next(iter(_SEED_CACHE)))
-    gens = pending.pop(spec.seed)
+    gens = pending.pop((decoding, spec.seed))
     if not pending:
         del _SEED_CACHE[key]
     return gens
 
 
-def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress):
-    from .inference import generate
+def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
     from .models import format_prompt
 
     prompts = [format_prompt(lm.tokenizer, task.build_messages(it, c.template, fewshot)) for it in items]
-    dec = cfg.rules.level("decoding", c.decoding)
-    kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template), temperature=dec["temperature"],
-              top_p=dec.get("top_p", 1.0), batch_size=cfg.data["generation"]["batch_size"], progress=progress)
-    if dec["sampled"]:
-        gens = _sampled_generations(lm, spec, prompts, list(range(cfg.n_seeds(c.decoding))), kw)
-    else:
-        gens = generate(lm, prompts, seed=spec.seed, store=_prefills(lm), **kw)
+    kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template),
+              batch_size=cfg.data["generation"]["batch_size"], progress=progress)
+    levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
+    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw)
     rows = []
     for it, prompt, g in zip(items, prompts, gens):
         r = task.score_freeform(it, g.text)

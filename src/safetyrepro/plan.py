@@ -65,9 +65,30 @@ class Plan:
         return self.results / root / model / benchmark / config_id / f"s{seed}.parquet"
 
     # ---- jobs -----------------------------------------------------------------------------
+    def envelope(self, variant: str = "main") -> str:
+        return self.cfg.envelope_name if variant == "main" else "conservative_core"
+
     def jobs(self, variant: str = "main") -> list[grid.Job]:
-        env = self.cfg.envelope_name if variant == "main" else "conservative_core"
-        return grid.config_jobs(self.cfg, env)
+        return grid.config_jobs(self.cfg, self.envelope(variant))
+
+    @functools.lru_cache(maxsize=None)
+    def decode_group(self, benchmark: str, config_id: str, variant: str = "main") -> tuple[tuple[str, int], ...]:
+        """The decodings a free-form cell is computed together with, as (decoding id, seeds):
+        every decoding of the run's envelope with the same template, shots and scoring. They
+        render the same prompts, so the worker prefills them once and decodes all their
+        sequences in one batch (the first of their jobs computes them; the others are handed
+        out as their jobs come). A cell outside the envelope, and a logprob cell, is its own
+        group."""
+        c = grid.Config.parse(config_id)
+        alone = ((c.decoding, self.cfg.n_seeds(c.decoding)),)
+        if c.scoring != "freeform":
+            return alone
+        valid = {x.id for x in grid.configs(self.cfg.rules, benchmark, self.envelope(variant))}
+        group = [lv["id"] for lv in self.cfg.rules.levels("decoding")
+                 if grid.Config(c.template, lv["id"], c.shots, c.scoring).id in valid]
+        if c.decoding not in group:
+            return alone
+        return tuple((d, self.cfg.n_seeds(d)) for d in group)
 
     def shards(self, variant: str = "main") -> list[str]:
         return [str(self.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant)) for j in self.jobs(variant)]
@@ -139,6 +160,8 @@ class Plan:
             "scoring": c.scoring,
             "seed": int(seed),
             "max_new_tokens": self.cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
+            # decoded in one batch with these: in bf16/NF4 the batch can change a token
+            "group": [list(g) for g in self.decode_group(benchmark, config_id, variant)],
             "rules_stamp": rules.stamp,
             "code": self.inference_code,
         })

@@ -32,10 +32,20 @@ into the batches at all: a batch cache and its mask cover the row's own columns
 ``[pads][suffix][generated]``, position ids start at the prefix length (:attr:`Prefix.offset`),
 and every :func:`forward` given the :class:`Prefix` attends to its keys/values, stored once
 (:mod:`.attention`). Same results up to summation order (tested against the copied layout).
+
+Sliding windows as full attention. A sliding-window layer (Gemma-3: 512 positions) attends
+exactly like a full-attention layer as long as no query is a window or more past a key. Inside
+:func:`window_as_full` ``(lm, max_positions)`` — entered by a generation call whose prompts
+plus new tokens stay within the window — caches are built with full layers only, so packed
+prefill, the detached prefix and a sampled config's seed columns (whose cache rows hold more
+columns than positions) work on such models too; outside it, or for longer calls, the sliding
+layers keep their own caches.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 from dataclasses import dataclass, field
 
@@ -48,8 +58,54 @@ from .encoding import common_prefix_len
 MIN_PREFIX = 8  # shorter shared prefixes are not worth a separate forward
 
 
+_WINDOW_AS_FULL = contextvars.ContextVar("safetyrepro_window_as_full", default=None)
+
+
+def _text_config(lm):
+    config = lm.model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def sliding_window(lm) -> int | None:
+    """The window of ``lm``'s sliding-window layers; None if it has none."""
+    config = _text_config(lm)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in kinds or (
+        not kinds and window is not None and getattr(config, "use_sliding_window", True))
+    return int(window) if sliding and window is not None else None
+
+
+@contextlib.contextmanager
+def window_as_full(lm, max_positions: int):
+    """Within this context, treat ``lm``'s sliding-window layers as full attention if every
+    position of the work inside stays below the window (``max_positions <= window``: prompt
+    length plus new tokens); yields whether it does. Only for models whose other layers attend
+    fully and whose attention takes 4D masks (:func:`.packing.packed_supported`)."""
+    from .packing import packed_supported
+
+    window = sliding_window(lm)
+    config = _text_config(lm)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    on = (window is not None and 0 < int(max_positions) <= window and packed_supported(lm, window)
+          and kinds <= {"full_attention", "sliding_attention"})
+    token = _WINDOW_AS_FULL.set(lm.model if on else None)
+    try:
+        yield on
+    finally:
+        _WINDOW_AS_FULL.reset(token)
+
+
+def _windows_full(lm) -> bool:
+    return _WINDOW_AS_FULL.get() is lm.model
+
+
 def new_cache(lm):
+    """An empty cache for ``lm``: layer kinds from its config (sliding-window layers keep their
+    window), or full layers only inside :func:`window_as_full`."""
     from transformers import DynamicCache
+    if _windows_full(lm):
+        return DynamicCache()
     return DynamicCache(config=lm.model.config)
 
 
@@ -88,7 +144,8 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 def shares_prefix(lm) -> bool:
     """Whether ``lm`` runs the engine's attention (:data:`.attention.NAME`) on layers that all
-    attend fully, so a batch can attend to a shared prefix kept outside its cache."""
+    attend fully (sliding-window layers: inside :func:`window_as_full`), so a batch can attend
+    to a shared prefix kept outside its cache."""
     return attn_implementation(lm.model) == ATTENTION and packed_prefill_supported(lm)
 
 
@@ -383,7 +440,7 @@ def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True,
     if n < MIN_PREFIX:
         return Prefix([], None)
     ids = seqs[0][:n]
-    key = ("prefix", shares_prefix(lm), tuple(ids))
+    key = ("prefix", shares_prefix(lm), _windows_full(lm), tuple(ids))
     if store is not None:
         got = store.get(key)
         if got is not None:
@@ -411,7 +468,7 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True,
     either way. With a ``store``, the same batch prefilled before on this model (same token
     ids, same prefix) is taken from it; callers must not write into the returned cache."""
     if store is not None:
-        key = ("batch", len(prefix), prefix.detached, packed, tuple(map(tuple, seqs)))
+        key = ("batch", len(prefix), prefix.detached, _windows_full(lm), packed, tuple(map(tuple, seqs)))
         got = store.get(key)
         if got is None:
             got = prefill(lm, prefix, seqs, packed=packed)
@@ -444,17 +501,14 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True,
 def packed_prefill_supported(lm) -> bool:
     """Packed prefill needs what packed scoring needs (an attention implementation taking a
     4D mask, boolean ``logits_to_keep``) and plain per-layer caches: on sliding-window layers
-    the cache keeps only the last window of the packed row, which would mix items."""
+    the cache keeps only the last window of the packed row, which would mix items (so only
+    inside :func:`window_as_full` on models that have them)."""
     from .packing import packed_supported
 
     if not packed_supported(lm, 1):
         return False
-    config = lm.model.config.get_text_config() if hasattr(lm.model.config, "get_text_config") \
-        else lm.model.config
-    kinds = set(getattr(config, "layer_types", None) or [])
-    return kinds <= {"full_attention"} and not (
-        not kinds and getattr(config, "sliding_window", None) is not None
-        and getattr(config, "use_sliding_window", True))
+    kinds = set(getattr(_text_config(lm), "layer_types", None) or [])
+    return (kinds <= {"full_attention"} and sliding_window(lm) is None) or _windows_full(lm)
 
 
 def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
