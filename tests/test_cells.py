@@ -174,3 +174,23 @@ def test_missing_items_named(setup, tmp_path):
         run_cell(config=str(p2), model="smol", benchmark="bbq", cell="T1-greedy-k0-freeform", seed=0,
                  out=str(tmp_path / "x.parquet"), lm=lm, progress=False)
     assert not (tmp_path / "x.parquet").exists()
+
+
+def test_prefill_store_budget_is_a_runtime_setting(setup, tmp_path):
+    import safetyrepro.cells as cells
+
+    d, path, lm = setup
+    cfg = load_config(path)
+    assert cells._prefills(lm, cfg).max_bytes == 2048 << 20      # the default
+    raw = yaml.safe_load(open(path))
+    raw["runtime"]["prefill_store_mb"] = 0
+    (tmp_path / "off.yaml").write_text(yaml.safe_dump(raw))
+    off = cells._prefills(lm, load_config(tmp_path / "off.yaml"))
+    assert off.max_bytes == 0
+    off.put("k", object(), 1)
+    assert len(off) == 0                                           # 0 keeps nothing
+    raw["runtime"]["prefill_store_mb"] = -1
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(Exception, match="prefill_store_mb"):
+        load_config(tmp_path / "bad.yaml")
+    cells._prefills(lm, cfg)                                        # back to the default

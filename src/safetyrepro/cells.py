@@ -42,18 +42,20 @@ _CONFIGS: dict[tuple[str, float], RunConfig] = {}
 _ITEMS: dict[tuple[str, float], tuple[list[dict], dict]] = {}
 _SEED_CACHE: dict[tuple, dict[int, list]] = {}
 _PREFILLS = weakref.WeakKeyDictionary()  # model -> PrefillStore (see _prefills)
-PREFILL_STORE_BYTES = 2 << 30
+PREFILL_STORE_MB = 2048  # default of runtime.prefill_store_mb
 
 
-def _prefills(lm):
-    """The model's :class:`~.inference.kvcache.PrefillStore`: a worker's cells under greedy,
-    T=0.3 and T=0.7 decoding share their prompts' prefill, and cells of one (template, shots)
-    often share the few-shot prefix; each is computed once per worker (same outputs)."""
+def _prefills(lm, cfg: RunConfig):
+    """The model's :class:`~.inference.kvcache.PrefillStore`: free-form and logprob cells of
+    one (template, shots) often share the few-shot prefix and prompts; each prefill is computed
+    once per worker (same outputs). Its budget is ``runtime.prefill_store_mb`` (default 2048;
+    the prefills live where the model runs, so on a GPU this is GPU memory; 0 turns it off)."""
     from .inference.kvcache import PrefillStore
 
+    budget = int(cfg.section("runtime").get("prefill_store_mb", PREFILL_STORE_MB)) << 20
     store = _PREFILLS.get(lm.model)
-    if store is None:
-        store = _PREFILLS[lm.model] = PrefillStore(PREFILL_STORE_BYTES)
+    if store is None or store.max_bytes != budget:
+        store = _PREFILLS[lm.model] = PrefillStore(budget)
     return store
 
 
@@ -204,7 +206,7 @@ SHARD_SCHEMA = _shard_schema()
 SEED_CACHE_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
 
 
-def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw) -> list:
+def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store) -> list:
     """Generations of one (decoding, seed) of a free-form cell's decode group
     (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template and
     shots, with all their seeds). The whole group is generated in one pass (one prefill, all
@@ -230,7 +232,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw) -> l
             else:  # one greedy decode serves every seed
                 streams.append(Stream(0.0, lv.get("top_p", 1.0), 0))
                 owners.append([(d, s) for s in range(n_seeds)])
-        outs = generate_streams(lm, prompts, streams, store=_prefills(lm), **kw)
+        outs = generate_streams(lm, prompts, streams, store=store, **kw)
         pending = {}
         for out, who in zip(outs, owners):
             for j, ds in enumerate(who):
@@ -252,7 +254,7 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
     kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template),
               batch_size=cfg.data["generation"]["batch_size"], progress=progress)
     levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw)
+    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg))
     rows = []
     for it, prompt, g in zip(items, prompts, gens):
         r = task.score_freeform(it, g.text)
@@ -276,7 +278,7 @@ def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt
         cands.append(list(candidates))
     t0 = time.perf_counter()
     scores = score_candidates(lm, contexts, cands, batch_size=cfg.data["generation"]["batch_size"],
-                              store=_prefills(lm),
+                              store=_prefills(lm, cfg),
                               progress=progress)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []
