@@ -1,0 +1,106 @@
+"""Benchmark 7: a free-form config's decode group in one batch vs its decodings one by one.
+
+The greedy, T=0.3 and T=0.7 cells of one (benchmark, template, shots) render the same prompts
+(``Plan.decode_group``). Two ways to compute their 11 sequences per item (1 greedy + 2 x 5
+seeds), on the same loaded model (as the worker loads it), the same prompts of the run's
+items and the same settings, timed ALTERNATELY:
+
+* separate: ``generate`` (greedy) then ``generate_multi_seed`` at T=0.3 and at T=0.7, sharing one
+  fresh ``PrefillStore`` (how the worker computed them before decode groups);
+* group:    one ``generate_streams`` call with the 11 streams (how the worker computes them now).
+
+Reports per (model, benchmark, template, shots) the seconds of each round, the ratio of the
+sums and how many of the 11 x items sequences are token-identical (bf16/NF4: a batch of
+different composition can flip a token; in fp32 they are equal, see the tests). Writes
+benchmarks/results/decode_groups.json. Run: benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_CASES = ["qwen2.5-0.5b:truthfulqa:T4:k5", "smollm2-135m:truthfulqa:T4:k3",
+                 "gemma3-270m:truthfulqa:T4:k0", "gemma3-270m:bbq:T4:k5", "qwen2.5-0.5b:bbq:T1:k3"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="config/config.yaml")
+    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BENCHMARK:TEMPLATE:SHOTS")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    from safetyrepro import cells
+    from safetyrepro.config import load_config
+    from safetyrepro.inference import Stream, generate, generate_multi_seed, generate_streams
+    from safetyrepro.inference.kvcache import PrefillStore
+    from safetyrepro.models import format_prompt
+    from safetyrepro.perf.report import publish
+    from safetyrepro.perf.timing import alternate
+    from safetyrepro.plan import Plan
+    from safetyrepro.tasks import load_task
+
+    cfg = load_config(args.config)
+    plan = Plan(cfg)
+    rows, records, models = [], [], {}
+    for case in args.cases:
+        model, bench, template, shots = case.split(":")
+        if not plan.items_path(bench).exists():
+            print(f"{plan.items_path(bench)} is missing: run `safetyrepro items --config {args.config}` "
+                  f"(or the workflow) first", file=sys.stderr)
+            return 2
+        if model not in models:
+            models.clear()  # one model in memory at a time
+            models[model] = cells.load_for_worker(config=args.config, model=model)
+        lm = models[model]
+        items, _ = cells._items(plan.items_path(bench))
+        pool, _ = cells._items(plan.fewshot_path(bench))
+        task = load_task(bench)
+        n_shots = cfg.rules.level("shots", shots)["n"]
+        prompts = [format_prompt(lm.tokenizer, task.build_messages(it, template, pool[:n_shots]))
+                   for it in items]
+        group = plan.decode_group(bench, f"{template}-greedy-{shots}-freeform")
+        levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
+        kw = dict(max_new_tokens=cfg.max_new_tokens(bench, template),
+                  batch_size=cfg.data["generation"]["batch_size"])
+
+        def separate():
+            store, out = PrefillStore(), []
+            for d, n in group:
+                lv = levels[d]
+                if lv["sampled"]:
+                    by_seed = generate_multi_seed(lm, prompts, list(range(n)), temperature=lv["temperature"],
+                                                  top_p=lv.get("top_p", 1.0), store=store, **kw)
+                    out.extend(by_seed[s] for s in range(n))
+                else:
+                    out.append(generate(lm, prompts, temperature=0, store=store, **kw))
+            return out
+
+        def grouped():
+            streams = []
+            for d, n in group:
+                lv = levels[d]
+                streams += ([Stream(lv["temperature"], lv.get("top_p", 1.0), s) for s in range(n)]
+                            if lv["sampled"] else [Stream(0.0, lv.get("top_p", 1.0), 0)])
+            return generate_streams(lm, prompts, streams, store=PrefillStore(), **kw)
+
+        timed = alternate({"separate": separate, "group": grouped}, args.rounds)
+        a, b = timed.results["separate"], timed.results["group"]
+        same = sum(x.token_ids == y.token_ids for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+        total = sum(len(s) for s in a)
+        ratio = timed.ratio("separate", "group")
+        rows.append([model, bench, f"{template}-{shots}", timed.median("separate"), timed.median("group"),
+                     f"{ratio:.2f}x", f"{same}/{total}"])
+        records.append({"model": model, "benchmark": bench, "template": template, "shots": shots,
+                        "group": [list(g) for g in group], "times_s": timed.times, "ratio": ratio,
+                        "identical_sequences": same, "n_sequences": total,
+                        "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}})
+    publish("decode_groups", ["model", "benchmark", "template-shots", "separate s (median)", "group s (median)",
+                              "speed-up", "identical sequences"], rows, {"records": records}, out_dir=args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
