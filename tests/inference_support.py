@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from safetyrepro.inference import encode_prompt
@@ -15,3 +17,15 @@ def reference_greedy(lm, prompt: str, max_new_tokens: int) -> list[int]:
                             max_new_tokens=max_new_tokens, eos_token_id=lm.stop_ids,
                             pad_token_id=lm.tokenizer.pad_token_id)
     return out[0, ids.shape[1]:].tolist()
+
+
+@contextlib.contextmanager
+def fed_shapes(lm):
+    """Records the ``input_ids`` shape of every forward pass of ``lm`` inside the context."""
+    shapes = []
+    hook = lm.model.register_forward_pre_hook(
+        lambda mod, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        yield shapes
+    finally:
+        hook.remove()

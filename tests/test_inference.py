@@ -21,7 +21,7 @@ from safetyrepro.inference.encoding import common_prefix_len, split_trailing_spa
 from safetyrepro.inference.generate import item_seed
 from safetyrepro.models import format_prompt, load_model
 
-from inference_support import reference_greedy
+from inference_support import fed_shapes, reference_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -178,13 +178,8 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
     want = [generate(lm, prompts, temperature=st.temperature, top_p=st.top_p, seed=st.seed, **kw)
             for st in streams]
     for columns in (True, False):
-        fed = []
-        hook = lm.model.register_forward_pre_hook(
-            lambda mod, args, kwargs: fed.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-        try:
+        with fed_shapes(lm) as fed:
             got = generate_streams(lm, prompts, streams, seed_columns=columns, **kw)
-        finally:
-            hook.remove()
         assert len(got) == len(streams)
         for st, g, w in zip(streams, got, want):
             assert [x.token_ids for x in g] == [x.token_ids for x in w], (columns, st)
@@ -201,13 +196,8 @@ def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
     prompts = _prompts(lm)
     seeds = [0, 1, 2, 3, 4]
     kw = dict(max_new_tokens=4, temperature=0.7, top_p=0.95, batch_size=4)
-    shapes = []
-    hook = lm.model.register_forward_pre_hook(
-        lambda mod, args, kwargs: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-    try:
+    with fed_shapes(lm) as shapes:
         cols = generate_multi_seed(lm, prompts, seeds, seed_columns=True, **kw)
-    finally:
-        hook.remove()
     rows = generate_multi_seed(lm, prompts, seeds, seed_columns=False, **kw)
     for s in seeds:
         assert [g.token_ids for g in cols[s]] == [g.token_ids for g in rows[s]]

@@ -23,7 +23,7 @@ from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, it
 from safetyrepro.models import format_prompt, load_model
 from safetyrepro.paths import PROJECT_ROOT
 
-from inference_support import reference_greedy
+from inference_support import fed_shapes, reference_greedy
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,16 +314,11 @@ def test_window_as_full_gives_the_sliding_model_seed_columns_with_the_same_outpu
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     shapes = {}
     for full in (True, False):
-        seen = shapes[full] = []
-        hook = gemma.model.register_forward_pre_hook(
-            lambda mod, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-        try:
+        with fed_shapes(gemma) as shapes[full]:
             got = generate_multi_seed(gemma, prompts, [0, 1, 2], max_new_tokens=8, temperature=0.7,
                                       batch_size=4, window_full=full)
             greedy = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=4,
                               window_full=full)
-        finally:
-            hook.remove()
         if full:
             want, want_greedy = got, greedy
     # fp32: the same tokens either way, for every seed and for greedy decoding

@@ -9,7 +9,6 @@ prefill, one decode per seed) and keeps the other seeds' outputs until their job
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
@@ -216,6 +215,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
     again (a rerun) generates the group afresh, with the same result, since each sequence
     drives its own generator and the batch is the same."""
     from .inference import Stream, generate_streams
+    from .inference.generate import copy_generations
 
     # the prompts identify the template, shots and items; kw the generation settings
     key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(prompts),
@@ -236,8 +236,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
         pending = {}
         for out, who in zip(outs, owners):
             for j, ds in enumerate(who):
-                pending[ds] = out if j == 0 else [dataclasses.replace(g, token_ids=list(g.token_ids))
-                                                  for g in out]
+                pending[ds] = out if j == 0 else copy_generations(out)
         _SEED_CACHE[key] = pending
         while len(_SEED_CACHE) > SEED_CACHE_MAX:  # oldest first
             _SEED_CACHE.pop(next(iter(_SEED_CACHE)))

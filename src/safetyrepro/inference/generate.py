@@ -97,6 +97,15 @@ class _Sampler:
                      for s, p, t in zip(row_seeds, prompts, temps)]
         self.greedy = all(t == 0 for t in temps)
 
+    @classmethod
+    def for_streams(cls, streams: list[Stream], prompts: list[str]) -> "_Sampler":
+        """Rows stream-major: row ``s * len(prompts) + j`` is stream s of prompt j."""
+        n = len(prompts)
+        return cls(0.0, 1.0, 0, list(prompts) * len(streams),
+                   seeds=[st.seed for st in streams for _ in range(n)],
+                   temperatures=[st.temperature for st in streams for _ in range(n)],
+                   top_ps=[st.top_p for st in streams for _ in range(n)])
+
     def _uniforms(self, active: list[int]) -> torch.Tensor:
         """One float64 uniform per active row, each from the row's own generator."""
         return torch.stack([torch.rand((), generator=self.gens[r], dtype=torch.float64)
@@ -340,9 +349,13 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     ordered = dict(zip(decode_seeds, outs))
     if greedy:  # one decode serves every seed; later seeds get copies
         base = ordered[decode_seeds[0]]
-        return {s: base if s == decode_seeds[0] else
-                [dataclasses.replace(g, token_ids=list(g.token_ids)) for g in base] for s in seeds}
+        return {s: base if s == decode_seeds[0] else copy_generations(base) for s in seeds}
     return ordered
+
+
+def copy_generations(gens: list[Generation]) -> list[Generation]:
+    """Independent copies (own token id lists), for a decode that serves several seeds."""
+    return [dataclasses.replace(g, token_ids=list(g.token_ids)) for g in gens]
 
 
 def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_tokens: int,
@@ -370,8 +383,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:
         raise ValueError("generate_streams: no streams")
-    _Sampler(0.0, 1.0, 0, [""] * len(streams), temperatures=[st.temperature for st in streams],
-             top_ps=[st.top_p for st in streams])  # validate arguments early
+    _Sampler.for_streams(streams, [""])  # validate arguments early
     if not prompts:
         return [[] for _ in streams]
     enc = [encode_prompt(lm.tokenizer, p) for p in prompts]
@@ -400,16 +412,14 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                 # per stream. Either way each decode step is one forward for all streams.
                 n = len(rows)
                 t1 = time.perf_counter()
-                sampler = _Sampler(0.0, 1.0, 0, [prompts[i] for i in rows] * k,
-                                   seeds=[st.seed for st in streams for _ in rows],
-                                   temperatures=[st.temperature for st in streams for _ in rows],
-                                   top_ps=[st.top_p for st in streams for _ in rows])
+                row_prompts = [prompts[i] for i in rows]
                 # Columns pay for masked-out keys (the other streams' tokens) to store and read
                 # each prompt's own columns once; with the shared prefix detached (read once
                 # anyway) they measured as fast as rows or faster on every sampled cell kind
                 # (benchmarks/bench_seed_columns.py), so they are used wherever supported.
                 if k > 1 and columns:
-                    gens = _decode_seed_columns(lm, cache, mask, logits, sampler, n_seeds=k,
+                    gens = _decode_seed_columns(lm, cache, mask, logits,
+                                                _Sampler.for_streams(streams, row_prompts), n_seeds=k,
                                                 max_new_tokens=max_new_tokens,
                                                 n_prompt=[len(enc[i]) for i in rows], t0=t1,
                                                 prefix=prefix)
@@ -426,17 +436,15 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                     for members in kinds.values():
                         rep = torch.arange(n, device=mask.device).repeat(len(members))
                         c, m, lg = fork_cache(cache, rows=rep), mask.index_select(0, rep), logits.index_select(0, rep)
-                        sub = _Sampler(0.0, 1.0, 0, [prompts[i] for i in rows] * len(members),
-                                       seeds=[streams[si].seed for si in members for _ in rows],
-                                       temperatures=[streams[si].temperature for si in members for _ in rows],
-                                       top_ps=[streams[si].top_p for si in members for _ in rows])
+                        sub = _Sampler.for_streams([streams[si] for si in members], row_prompts)
                         part = _decode(lm, c, m, lg, sub, max_new_tokens=max_new_tokens,
                                        n_prompt=[len(enc[i]) for i in rows] * len(members),
                                        t0=time.perf_counter(), prefix=prefix)
                         for mi, si in enumerate(members):
                             gens[si * n:(si + 1) * n] = part[mi * n:(mi + 1) * n]
                 else:
-                    gens = _decode(lm, cache, mask, logits, sampler, max_new_tokens=max_new_tokens,
+                    gens = _decode(lm, cache, mask, logits, _Sampler.for_streams(streams, row_prompts),
+                                   max_new_tokens=max_new_tokens,
                                    n_prompt=[len(enc[i]) for i in rows], t0=t1, prefix=prefix)
                 for g in gens:
                     g.latency_s = round(g.latency_s + t_pre, 6)

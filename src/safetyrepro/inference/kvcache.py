@@ -61,34 +61,16 @@ MIN_PREFIX = 8  # shorter shared prefixes are not worth a separate forward
 _WINDOW_AS_FULL = contextvars.ContextVar("safetyrepro_window_as_full", default=None)
 
 
-def _text_config(lm):
-    config = lm.model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def sliding_window(lm) -> int | None:
-    """The window of ``lm``'s sliding-window layers; None if it has none."""
-    config = _text_config(lm)
-    kinds = set(getattr(config, "layer_types", None) or [])
-    window = getattr(config, "sliding_window", None)
-    sliding = "sliding_attention" in kinds or (
-        not kinds and window is not None and getattr(config, "use_sliding_window", True))
-    return int(window) if sliding and window is not None else None
-
-
 @contextlib.contextmanager
 def window_as_full(lm, max_positions: int):
     """Within this context, treat ``lm``'s sliding-window layers as full attention if every
     position of the work inside stays below the window (``max_positions <= window``: prompt
     length plus new tokens); yields whether it does. Only for models whose other layers attend
     fully and whose attention takes 4D masks (:func:`.packing.packed_supported`)."""
-    from .packing import packed_supported
+    from .packing import packed_supported, sliding_window
 
-    window = sliding_window(lm)
-    config = _text_config(lm)
-    kinds = set(getattr(config, "layer_types", None) or [])
-    on = (window is not None and 0 < int(max_positions) <= window and packed_supported(lm, window)
-          and kinds <= {"full_attention", "sliding_attention"})
+    window = sliding_window(lm.model.config)
+    on = window is not None and 0 < int(max_positions) <= window and packed_supported(lm, window)
     token = _WINDOW_AS_FULL.set(lm.model if on else None)
     try:
         yield on
@@ -503,12 +485,11 @@ def packed_prefill_supported(lm) -> bool:
     4D mask, boolean ``logits_to_keep``) and plain per-layer caches: on sliding-window layers
     the cache keeps only the last window of the packed row, which would mix items (so only
     inside :func:`window_as_full` on models that have them)."""
-    from .packing import packed_supported
+    from .packing import packed_supported, sliding_window
 
     if not packed_supported(lm, 1):
         return False
-    kinds = set(getattr(_text_config(lm), "layer_types", None) or [])
-    return (kinds <= {"full_attention"} and sliding_window(lm) is None) or _windows_full(lm)
+    return sliding_window(lm.model.config) is None or _windows_full(lm)
 
 
 def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):

@@ -59,10 +59,21 @@ def packed_supported(lm, max_position: int) -> bool:
     kinds = set(getattr(config, "layer_types", None) or [])
     if kinds - set(LAYER_KINDS):
         return False
+    window = sliding_window(config)
+    return window is None or max_position <= window
+
+
+def sliding_window(config) -> int | None:
+    """The window of a model config's sliding-window layers; None if it has none (0: it has
+    some but no window is configured, so no position count fits)."""
+    config = _text_config(config)
+    kinds = set(getattr(config, "layer_types", None) or [])
     window = getattr(config, "sliding_window", None)
     sliding = "sliding_attention" in kinds or (
         not kinds and window is not None and getattr(config, "use_sliding_window", True))
-    return not sliding or (window is not None and max_position <= int(window))
+    if not sliding:
+        return None
+    return int(window) if window is not None else 0
 
 
 @dataclass
