@@ -53,6 +53,31 @@ def test_row_draws_equal_a_float64_inverse_cdf(vocab, dtype):
     assert (batch == got).float().mean().item() >= 0.99
 
 
+def test_row_draws_on_a_wide_spread_vocabulary_equal_the_unclamped_draws():
+    """At T=0.3 a language model's logits put most of the vocabulary below exp(-87) after the
+    shift, where float32 exponentials turn subnormal (slow on x86); the sampler clamps there
+    (``EXP_FLOOR``). The draws must equal those of the unclamped exponentials (float64, exact
+    for these tiny weights) on the same uniforms."""
+    from safetyrepro.inference.generate import EXP_FLOOR
+
+    vocab, n, t = 262144, 24, 0.3
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn((n, vocab), generator=g) * 3 - 40            # a long low tail
+    top = torch.randint(0, vocab, (n, 40), generator=g)
+    logits.scatter_(1, top, torch.rand((n, 40), generator=g) * 12)    # a few dozen likely ones
+    logits = logits.bfloat16()
+    shifted = (logits.float() - logits.float().amax(1, keepdim=True)) / t
+    assert float((shifted < EXP_FLOOR).float().mean()) > 0.9            # the clamp is engaged
+    active = list(range(n))
+    got = _Sampler(t, 1.0, 5, PROMPTS[:n])._draw_rows(logits, active).tolist()
+    u = _Sampler(t, 1.0, 5, PROMPTS[:n])._uniforms(active).tolist()
+    want = []
+    for row, ur in zip(shifted.double().numpy(), u):
+        cdf = np.cumsum(np.exp(row))                                  # no floor, no subnormals
+        want.append(min(int(np.searchsorted(cdf, ur * cdf[-1], side="left")), vocab - 1))
+    assert got == want
+
+
 def test_row_draws_follow_the_distribution():
     vocab, n = 2500, 400
     logits = torch.full((vocab,), -30.0)
