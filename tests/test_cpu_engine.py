@@ -77,6 +77,26 @@ def test_engine_attention_with_a_detached_prefix_equals_sdpa_fp32(b, hkv, groups
     torch.testing.assert_close(got_add, want, atol=2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("b,hkv,groups,q,p,own", [
+    (4, 3, 3, 1, 40, 9), (3, 3, 3, 5, 40, 20), (2, 2, 7, 12, 25, 30), (2, 1, 4, 3, 10, 8)])
+def test_prefix_part_in_the_fused_kernel_equals_the_plain_products_and_sdpa(b, hkv, groups, q, p, own,
+                                                                            monkeypatch):
+    """Large prefix parts (>= FUSED_MIN_SCORES scores) run in torch's fused CPU kernel; with the
+    threshold at 0 and at infinity both versions must equal sdpa over the written-out columns,
+    also for a query that may see none of its own columns (only the prefix counts there)."""
+    if attention._flash_cpu() is None:
+        pytest.fail("this torch has no fused CPU attention kernel returning the log-sum-exp")
+    module, query, key, value, mask, prefix, (fk, fv, fm) = _case(b, hkv, groups, q, p, own)
+    mask[0, 0, 0, :] = False
+    fm = torch.cat([torch.ones(b, 1, q, p, dtype=torch.bool), mask], dim=3)
+    want = _stock(module, query, fk, fv, fm)
+    for threshold in (0, float("inf")):
+        monkeypatch.setattr(attention, "FUSED_MIN_SCORES", threshold)
+        with shared_prefix(prefix):
+            got, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+
+
 def test_engine_attention_without_a_mask_is_causal_over_the_own_columns():
     module, query, key, value, _, prefix, (fk, fv, _) = _case(2, 3, 3, 6, 20, 6)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()

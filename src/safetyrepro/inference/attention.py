@@ -67,6 +67,22 @@ def _fold_mask(mask: torch.Tensor, groups: int, q: int) -> torch.Tensor:
     return mask[:, :, None].expand(mb, 1, groups, q, k).reshape(mb, 1, groups * q, k)
 
 
+def _flash_cpu():
+    """torch's fused CPU attention kernel, which also returns each query's log-sum-exp (None
+    where this torch lacks it)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return op.default if op is not None else None
+
+
+# From this many prefix scores (kv heads x queries x prefix columns; 16 MB of float32) the
+# prefix part runs in the fused CPU kernel. A packed prefill's prefix scores are large and
+# written out cost more memory traffic than arithmetic: 100 five-shot TruthfulQA prompts on
+# SmolLM2 have [3, 25725, 599] per layer (185 MB), streamed through memory by the product, the
+# scale, the max, the exp, the sum and the second product (benchmark 2, RESULTS.md). Decode
+# steps (one query per row or a few seed columns) stay below it and keep the plain products.
+FUSED_MIN_SCORES = 1 << 22
+
+
 def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torch.Tensor:
     """Attention of ``query`` ``[B, Hq, Q, D]`` over the shared prefix ``kp``/``vp``
     ``[Hkv, P, D]`` (visible to every query) followed by each row's own ``key``/``value``
@@ -77,12 +93,21 @@ def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torc
     gq = groups * q
     qf = query.float().reshape(b, hkv, gq, d)
     # the prefix: one product per key/value head for every row, head and position at once
-    sp = torch.bmm(qf.transpose(0, 1).reshape(hkv, b * gq, d), kp.transpose(1, 2))
-    sp.mul_(scale)                                                       # [Hkv, B*GQ, P]
-    mp = sp.amax(dim=-1, keepdim=True)
-    ep = sp.sub_(mp).exp_()
-    lp = ep.sum(dim=-1, keepdim=True)
-    op = torch.bmm(ep, vp)                                               # [Hkv, B*GQ, D]
+    qp = qf.transpose(0, 1).reshape(hkv, b * gq, d)
+    flash = _flash_cpu() if query.device.type == "cpu" else None
+    if flash is not None and hkv * b * gq * kp.shape[1] >= FUSED_MIN_SCORES:
+        # the fused kernel tiles the scores instead of writing them out; it returns the
+        # normalised output and each query's log-sum-exp, i.e. op / lp and mp + log(lp)
+        op, lse = flash(qp[None], kp.float()[None], vp.float()[None], scale=scale)
+        op, mp = op[0], lse[0][..., None]                                # [Hkv, B*GQ, D|1]
+        lp = torch.ones_like(mp)
+    else:
+        sp = torch.bmm(qp, kp.transpose(1, 2))
+        sp.mul_(scale)                                                   # [Hkv, B*GQ, P]
+        mp = sp.amax(dim=-1, keepdim=True)
+        ep = sp.sub_(mp).exp_()
+        lp = ep.sum(dim=-1, keepdim=True)
+        op = torch.bmm(ep, vp)                                           # [Hkv, B*GQ, D]
 
     def per_row(t):  # [Hkv, B*GQ, X] -> [B, Hkv, GQ, X]
         return t.reshape(hkv, b, gq, t.shape[-1]).transpose(0, 1)
@@ -105,6 +130,13 @@ def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torc
     w = (mp - top).exp_()
     out = (op * w + torch.matmul(eo, vo)) / (lp * w + eo.sum(dim=-1, keepdim=True))
     return out.reshape(b, hq, q, d)
+
+
+def _flash_cpu():
+    """torch's fused CPU attention kernel that also returns the log-sum-exp of each query's
+    scores (None where this torch lacks it)."""
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    return op.default if op is not None else None
 
 
 def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
