@@ -32,71 +32,46 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from safetyrepro import cells
-    from safetyrepro.config import load_config
-    from safetyrepro.inference import Stream, generate, generate_multi_seed, generate_streams
+    from safetyrepro.inference import generate, generate_multi_seed, generate_streams
     from safetyrepro.inference.kvcache import PrefillStore
-    from safetyrepro.models import format_prompt
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
-    from safetyrepro.plan import Plan
-    from safetyrepro.tasks import load_task
+    from safetyrepro.perf.workload import group_cases
 
-    cfg = load_config(args.config)
-    plan = Plan(cfg)
-    rows, records, models = [], [], {}
-    for case in args.cases:
-        model, bench, template, shots = case.split(":")
-        if not plan.items_path(bench).exists():
-            print(f"{plan.items_path(bench)} is missing: run `safetyrepro items --config {args.config}` "
-                  f"(or the workflow) first", file=sys.stderr)
-            return 2
-        if model not in models:
-            models.clear()  # one model in memory at a time
-            models[model] = cells.load_for_worker(config=args.config, model=model)
-        lm = models[model]
-        items, _ = cells._items(plan.items_path(bench))
-        pool, _ = cells._items(plan.fewshot_path(bench))
-        task = load_task(bench)
-        n_shots = cfg.rules.level("shots", shots)["n"]
-        prompts = [format_prompt(lm.tokenizer, task.build_messages(it, template, pool[:n_shots]))
-                   for it in items]
-        group = plan.decode_group(bench, f"{template}-greedy-{shots}-freeform")
-        levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-        kw = dict(max_new_tokens=cfg.max_new_tokens(bench, template),
-                  batch_size=cfg.data["generation"]["batch_size"])
+    rows, records = [], []
+    try:
+        for (model, bench, template, shots), lm, gc in group_cases(args.config, args.cases):
+            prompts, group, levels, kw = gc.prompts, gc.group, gc.levels, gc.kw
 
-        def separate():
-            store, out = PrefillStore(), []
-            for d, n in group:
-                lv = levels[d]
-                if lv["sampled"]:
-                    by_seed = generate_multi_seed(lm, prompts, list(range(n)), temperature=lv["temperature"],
-                                                  top_p=lv.get("top_p", 1.0), store=store, **kw)
-                    out.extend(by_seed[s] for s in range(n))
-                else:
-                    out.append(generate(lm, prompts, temperature=0, store=store, **kw))
-            return out
+            def separate():
+                store, out = PrefillStore(), []
+                for d, n in group:
+                    lv = levels[d]
+                    if lv["sampled"]:
+                        by_seed = generate_multi_seed(lm, prompts, list(range(n)), temperature=lv["temperature"],
+                                                      top_p=lv.get("top_p", 1.0), store=store, **kw)
+                        out.extend(by_seed[s] for s in range(n))
+                    else:
+                        out.append(generate(lm, prompts, temperature=0, store=store, **kw))
+                return out
 
-        def grouped():
-            streams = []
-            for d, n in group:
-                lv = levels[d]
-                streams += ([Stream(lv["temperature"], lv.get("top_p", 1.0), s) for s in range(n)]
-                            if lv["sampled"] else [Stream(0.0, lv.get("top_p", 1.0), 0)])
-            return generate_streams(lm, prompts, streams, store=PrefillStore(), **kw)
+            def grouped():
+                return generate_streams(lm, prompts, gc.streams, store=PrefillStore(), **kw)
 
-        timed = alternate({"separate": separate, "group": grouped}, args.rounds)
-        a, b = timed.results["separate"], timed.results["group"]
-        same = sum(x.token_ids == y.token_ids for sa, sb in zip(a, b) for x, y in zip(sa, sb))
-        total = sum(len(s) for s in a)
-        ratio = timed.ratio("separate", "group")
-        rows.append([model, bench, f"{template}-{shots}", timed.median("separate"), timed.median("group"),
-                     f"{ratio:.2f}x", f"{same}/{total}"])
-        records.append({"model": model, "benchmark": bench, "template": template, "shots": shots,
-                        "group": [list(g) for g in group], "times_s": timed.times, "ratio": ratio,
-                        "identical_sequences": same, "n_sequences": total,
-                        "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}})
+            timed = alternate({"separate": separate, "group": grouped}, args.rounds)
+            a, b = timed.results["separate"], timed.results["group"]
+            same = sum(x.token_ids == y.token_ids for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+            total = sum(len(s) for s in a)
+            ratio = timed.ratio("separate", "group")
+            rows.append([model, bench, f"{template}-{shots}", timed.median("separate"), timed.median("group"),
+                         f"{ratio:.2f}x", f"{same}/{total}"])
+            records.append({"model": model, "benchmark": bench, "template": template, "shots": shots,
+                            "group": [list(g) for g in group], "times_s": timed.times, "ratio": ratio,
+                            "identical_sequences": same, "n_sequences": total,
+                            "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}})
+    except FileNotFoundError as exc:  # the run's items are missing
+        print(exc, file=sys.stderr)
+        return 2
     publish("decode_groups", ["model", "benchmark", "template-shots", "separate s (median)", "group s (median)",
                               "speed-up", "identical sequences"], rows, {"records": records}, out_dir=args.out)
     return 0

@@ -73,3 +73,65 @@ def logprob_requests(cfg: RunConfig, lm, wl: Workload, config_id: str
         contexts.append(format_prompt(lm.tokenizer, messages))
         cands.append(list(candidates))
     return contexts, cands
+
+
+@dataclass
+class GroupCase:
+    """One decode group of a run's cells as the worker computes it (benchmarks 7 and 8):
+    the prompts of (benchmark, template, shots) over the run's items, the group's decodings
+    ``[(decoding, n_seeds), ...]``, their streams and the generation settings."""
+    prompts: list[str]
+    group: list[tuple[str, int]]
+    streams: list
+    levels: dict[str, dict]
+    kw: dict
+
+
+def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) -> GroupCase:
+    """The decode group of the run's ``(benchmark, template, shots)`` on the loaded ``lm``,
+    from the run's own item subset and few-shot pool (``results/items``; run the ``items``
+    step of the workflow first)."""
+    from .. import cells
+    from ..inference import Stream
+    from ..models import format_prompt
+    from ..plan import Plan
+    from ..tasks import load_task
+
+    plan = Plan(cfg)
+    if not plan.items_path(benchmark).exists():
+        raise FileNotFoundError(f"{plan.items_path(benchmark)} is missing: run `safetyrepro items` "
+                                f"(or the workflow) first")
+    items, _ = cells._items(plan.items_path(benchmark))
+    pool, _ = cells._items(plan.fewshot_path(benchmark))
+    task = load_task(benchmark)
+    n_shots = cfg.rules.level("shots", shots)["n"]
+    prompts = [format_prompt(lm.tokenizer, task.build_messages(it, template, pool[:n_shots]))
+               for it in items]
+    group = plan.decode_group(benchmark, f"{template}-greedy-{shots}-freeform")
+    levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
+    streams = []
+    for d, n in group:
+        lv = levels[d]
+        streams += ([Stream(lv["temperature"], lv.get("top_p", 1.0), s) for s in range(n)]
+                    if lv["sampled"] else [Stream(0.0, lv.get("top_p", 1.0), 0)])
+    kw = dict(max_new_tokens=cfg.max_new_tokens(benchmark, template),
+              batch_size=cfg.data["generation"]["batch_size"])
+    return GroupCase(prompts, group, streams, levels, kw)
+
+
+def group_cases(config_path: str, cases: list[str]):
+    """For each ``"MODEL:BENCHMARK:TEMPLATE:SHOTS"`` in ``cases``: ``(case fields, lm,
+    GroupCase)``, the model loaded as the worker loads it, one model in memory at a time
+    (consecutive cases of one model share it)."""
+    from .. import cells
+    from ..config import load_config
+
+    cfg = load_config(config_path)
+    models: dict = {}
+    for case in cases:
+        model, bench, template, shots = case.split(":")
+        if model not in models:
+            models.clear()
+            models[model] = cells.load_for_worker(config=config_path, model=model)
+        lm = models[model]
+        yield (model, bench, template, shots), lm, group_case(cfg, lm, bench, template, shots)
