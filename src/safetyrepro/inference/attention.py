@@ -16,7 +16,9 @@ every query of a forward pass attends to the prefix's keys/values (stored once, 
 followed by the row's own cached columns under the row's mask; attention splits into
 
 * the prefix part: one matrix product per key/value head for all rows, query heads and query
-  positions at once (``[rows * groups * Q, D] x [D, P]``), reading the prefix once;
+  positions at once (``[rows * groups * Q, D] x [D, P]``), reading the prefix once (from
+  :data:`FUSED_MIN_SCORES` scores on, torch's fused CPU kernel computes it without writing
+  the scores out);
 * the own part: each row's columns under its mask (None: causal), query heads folded per
   key/value head (``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``), no copies;
 
@@ -130,13 +132,6 @@ def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torc
     w = (mp - top).exp_()
     out = (op * w + torch.matmul(eo, vo)) / (lp * w + eo.sum(dim=-1, keepdim=True))
     return out.reshape(b, hq, q, d)
-
-
-def _flash_cpu():
-    """torch's fused CPU attention kernel that also returns the log-sum-exp of each query's
-    scores (None where this torch lacks it)."""
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    return op.default if op is not None else None
 
 
 def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
