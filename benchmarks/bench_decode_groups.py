@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from safetyrepro.inference.kvcache import PrefillStore
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
-    from safetyrepro.perf.workload import group_cases
+    from safetyrepro.perf.workload import group_cases, group_comparison
 
     rows, records = [], []
     try:
@@ -59,16 +59,9 @@ def main(argv=None) -> int:
                 return generate_streams(lm, prompts, gc.streams, store=PrefillStore(), **kw)
 
             timed = alternate({"separate": separate, "group": grouped}, args.rounds)
-            a, b = timed.results["separate"], timed.results["group"]
-            same = sum(x.token_ids == y.token_ids for sa, sb in zip(a, b) for x, y in zip(sa, sb))
-            total = sum(len(s) for s in a)
-            ratio = timed.ratio("separate", "group")
-            rows.append([model, bench, f"{template}-{shots}", timed.median("separate"), timed.median("group"),
-                         f"{ratio:.2f}x", f"{same}/{total}"])
-            records.append({"model": model, "benchmark": bench, "template": template, "shots": shots,
-                            "group": [list(g) for g in group], "times_s": timed.times, "ratio": ratio,
-                            "identical_sequences": same, "n_sequences": total,
-                            "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}})
+            row, record = group_comparison((model, bench, template, shots), lm, gc, timed, "separate", "group")
+            rows.append(row)
+            records.append(record)
     except FileNotFoundError as exc:  # the run's items are missing
         print(exc, file=sys.stderr)
         return 2

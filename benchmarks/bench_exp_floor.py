@@ -38,14 +38,14 @@ def main(argv=None) -> int:
     from safetyrepro.inference.kvcache import PrefillStore
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
-    from safetyrepro.perf.workload import group_cases
+    from safetyrepro.perf.workload import group_cases, group_comparison
 
     gen_mod = importlib.import_module("safetyrepro.inference.generate")  # the module, not the function
     shipped = gen_mod.EXP_FLOOR
     rows, records = [], []
     try:
         for (model, bench, template, shots), lm, gc in group_cases(args.config, args.cases):
-            prompts, group, streams, kw = gc.prompts, gc.group, gc.streams, gc.kw
+            prompts, streams, kw = gc.prompts, gc.streams, gc.kw
 
             def run(floor):
                 gen_mod.EXP_FLOOR = floor
@@ -56,16 +56,9 @@ def main(argv=None) -> int:
 
             timed = alternate({"unclamped": lambda: run(float("-inf")), "floor": lambda: run(shipped)},
                               args.rounds)
-            a, b = timed.results["unclamped"], timed.results["floor"]
-            same = sum(x.token_ids == y.token_ids for sa, sb in zip(a, b) for x, y in zip(sa, sb))
-            total = sum(len(s) for s in a)
-            ratio = timed.ratio("unclamped", "floor")
-            rows.append([model, bench, f"{template}-{shots}", timed.median("unclamped"), timed.median("floor"),
-                         f"{ratio:.2f}x", f"{same}/{total}"])
-            records.append({"model": model, "benchmark": bench, "template": template, "shots": shots,
-                            "group": [list(g) for g in group], "times_s": timed.times, "ratio": ratio,
-                            "identical_sequences": same, "n_sequences": total, "exp_floor": shipped,
-                            "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}})
+            row, record = group_comparison((model, bench, template, shots), lm, gc, timed, "unclamped", "floor")
+            rows.append(row)
+            records.append(record | {"exp_floor": shipped})
     except FileNotFoundError as exc:  # the run's items are missing
         print(exc, file=sys.stderr)
         return 2

@@ -135,3 +135,22 @@ def group_cases(config_path: str, cases: list[str]):
             models[model] = cells.load_for_worker(config=config_path, model=model)
         lm = models[model]
         yield (model, bench, template, shots), lm, group_case(cfg, lm, bench, template, shots)
+
+
+def group_comparison(fields: tuple[str, str, str, str], lm, gc: GroupCase, timed, base: str,
+                     new: str) -> tuple[list, dict]:
+    """Table row and record of two variants of one decode group timed by
+    :func:`.timing.alternate` (each result: one list of Generations per stream): medians, the
+    ratio ``base / new`` and how many sequences are token-identical."""
+    model, bench, template, shots = fields
+    a, b = timed.results[base], timed.results[new]
+    same = sum(x.token_ids == y.token_ids for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+    total = sum(len(s) for s in a)
+    ratio = timed.ratio(base, new)
+    row = [model, bench, f"{template}-{shots}", timed.median(base), timed.median(new),
+           f"{ratio:.2f}x", f"{same}/{total}"]
+    record = {"model": model, "benchmark": bench, "template": template, "shots": shots,
+              "group": [list(g) for g in gc.group], "times_s": timed.times, "ratio": ratio,
+              "identical_sequences": same, "n_sequences": total,
+              "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}}
+    return row, record
