@@ -205,6 +205,25 @@ SHARD_SCHEMA = _shard_schema()
 SEED_CACHE_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
 
 
+def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
+    """The streams a decode group ``[(decoding, n_seeds), ...]`` generates and, per stream,
+    the (decoding, seed) cells it serves: one stream per seed of a sampled decoding, one
+    greedy stream for every seed of a greedy one. ``levels``: decoding -> its rules level."""
+    from .inference import Stream
+
+    streams, owners = [], []
+    for d, n_seeds in group:
+        lv = levels[d]
+        if lv["sampled"]:
+            for s in range(n_seeds):
+                streams.append(Stream(lv["temperature"], lv.get("top_p", 1.0), s))
+                owners.append([(d, s)])
+        else:  # one greedy decode serves every seed
+            streams.append(Stream(0.0, lv.get("top_p", 1.0), 0))
+            owners.append([(d, s) for s in range(n_seeds)])
+    return streams, owners
+
+
 def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store) -> list:
     """Generations of one (decoding, seed) of a free-form cell's decode group
     (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template and
@@ -214,7 +233,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
     whatever order the scheduler sends them. A (decoding, seed) is handed out once; asking
     again (a rerun) generates the group afresh, with the same result, since each sequence
     drives its own generator and the batch is the same."""
-    from .inference import Stream, generate_streams
+    from .inference import generate_streams
     from .inference.generate import copy_generations
 
     # the prompts identify the template, shots and items; kw the generation settings
@@ -222,16 +241,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
            canonical_hash(kw | {"progress": None}), tuple(group))
     pending = _SEED_CACHE.get(key)
     if pending is None or (decoding, spec.seed) not in pending:
-        streams, owners = [], []
-        for d, n_seeds in group:
-            lv = levels[d]
-            if lv["sampled"]:
-                for s in range(n_seeds):
-                    streams.append(Stream(lv["temperature"], lv.get("top_p", 1.0), s))
-                    owners.append([(d, s)])
-            else:  # one greedy decode serves every seed
-                streams.append(Stream(0.0, lv.get("top_p", 1.0), 0))
-                owners.append([(d, s) for s in range(n_seeds)])
+        streams, owners = group_streams(group, levels)
         outs = generate_streams(lm, prompts, streams, store=store, **kw)
         pending = {}
         for out, who in zip(outs, owners):

@@ -92,7 +92,6 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     from the run's own item subset and few-shot pool (``results/items``; run the ``items``
     step of the workflow first)."""
     from .. import cells
-    from ..inference import Stream
     from ..models import format_prompt
     from ..plan import Plan
     from ..tasks import load_task
@@ -109,11 +108,7 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
                for it in items]
     group = plan.decode_group(benchmark, f"{template}-greedy-{shots}-freeform")
     levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    streams = []
-    for d, n in group:
-        lv = levels[d]
-        streams += ([Stream(lv["temperature"], lv.get("top_p", 1.0), s) for s in range(n)]
-                    if lv["sampled"] else [Stream(0.0, lv.get("top_p", 1.0), 0)])
+    streams, _ = cells.group_streams(group, levels)
     kw = dict(max_new_tokens=cfg.max_new_tokens(benchmark, template),
               batch_size=cfg.data["generation"]["batch_size"])
     return GroupCase(prompts, group, streams, levels, kw)
