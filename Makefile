@@ -9,7 +9,7 @@ CONFIG   ?= config/config.yaml
 # present) pip's default CUDA build is used; a torch already in the venv is kept as it is.
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: install run test test-slurm dryrun lint clean-results
+.PHONY: install run test test-kernels test-slurm dryrun lint clean-results
 
 install: $(STAMP)
 
@@ -29,6 +29,22 @@ dryrun: $(STAMP)
 # Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's second step).
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slurm"
+
+# The numerical tests (marked numerics; tests/numerics.py states their rule) again with other CPU
+# kernels, so one machine catches what another CPU family would fail: ATen's generic kernels with
+# MKL's compatible code path and oneDNN at SSE4.1 (a third kernel family on any x86-64 CPU); on a
+# CPU with AVX-512 also AVX2 at most (what AMD EPYC and older Intel CPUs run).
+KERNELS_GENERIC := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
+KERNELS_AVX2    := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
+HAS_AVX512      := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
+
+test-kernels: $(STAMP)
+	$(KERNELS_GENERIC) $(VENV)/bin/python -m pytest -q -m "numerics and not slurm"
+ifeq ($(HAS_AVX512),yes)
+	$(KERNELS_AVX2) $(VENV)/bin/python -m pytest -q -m "numerics and not slurm"
+else
+	@echo "test-kernels: this CPU has no AVX-512, so its default run of the suite already used AVX2 kernels"
+endif
 
 # Starts a single-node Slurm cluster on this machine (root; Debian/Ubuntu), runs the tests
 # marked slurm against it, and tears it down again. See docs/SLURM.md.

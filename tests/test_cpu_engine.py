@@ -18,6 +18,11 @@ from safetyrepro.inference.attention import NAME, engine_attention, shared_prefi
 from safetyrepro.inference.kvcache import shares_prefix
 from safetyrepro.models import format_prompt, load_model
 
+from numerics import (Trace, assert_sequences_agree, assert_within, attention_bound, logit_magnitude,
+                      loglik_tol, model_rel_tol)
+
+pytestmark = pytest.mark.numerics
+
 KEY = "smollm2-135m"
 
 
@@ -34,6 +39,13 @@ class _Prefix:
 
     def kv(self, layer_idx):
         return self.keys.float(), self.values.float()
+
+
+def _bound(module, q, k, v, mask, storage=torch.float32):
+    """The rounding bound of tests/numerics.py for this attention (two evaluations in another
+    order and kernel: engine cascade, fused kernel, sdpa)."""
+    return attention_bound(q, k, v, mask, module.scaling, storage=storage,
+                           groups=module.num_key_value_groups)
 
 
 def _case(b, hkv, groups, q, p, own, d=16, dtype=torch.float32, seed=0):
@@ -69,12 +81,16 @@ def test_engine_attention_with_a_detached_prefix_equals_sdpa_fp32(b, hkv, groups
     with shared_prefix(prefix):
         got, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
     assert got.shape == want.shape == (b, q, hkv * groups, 16)
-    torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+    bound = _bound(module, query, fk, fv, fm)
+    assert_within(got, want, bound, "engine vs sdpa")
     # an additive float mask (the eager convention) gives the same result
     additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
     with shared_prefix(prefix):
         got_add, _ = engine_attention(module, query, key, value, additive, scaling=module.scaling)
-    torch.testing.assert_close(got_add, want, atol=2e-6, rtol=1e-5)
+    assert_within(got_add, want, bound, "engine (additive mask) vs sdpa")
+    # the bound has teeth: leaving out the shared prefix moves every output far beyond it
+    without = _stock(module, query, key, value, mask)
+    assert bool(((without - want).abs().amax(-1) > 100 * bound.amax(-1)).all())
 
 
 @pytest.mark.parametrize("b,hkv,groups,q,p,own", [
@@ -94,7 +110,7 @@ def test_prefix_part_in_the_fused_kernel_equals_the_plain_products_and_sdpa(b, h
         monkeypatch.setattr(attention, "FUSED_MIN_SCORES", threshold)
         with shared_prefix(prefix):
             got, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
-        torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
+        assert_within(got, want, _bound(module, query, fk, fv, fm), f"threshold {threshold}")
 
 
 def test_engine_attention_without_a_mask_is_causal_over_the_own_columns():
@@ -103,7 +119,7 @@ def test_engine_attention_without_a_mask_is_causal_over_the_own_columns():
     fm = torch.cat([torch.ones(6, 20, dtype=torch.bool), causal], dim=1)[None, None].expand(2, 1, 6, 26)
     with shared_prefix(prefix):
         got, _ = engine_attention(module, query, key, value, None, scaling=module.scaling)
-    torch.testing.assert_close(got, _stock(module, query, fk, fv, fm), atol=2e-6, rtol=1e-5)
+    assert_within(got, _stock(module, query, fk, fv, fm), _bound(module, query, fk, fv, fm))
 
 
 def test_engine_attention_bf16_close_to_sdpa():
@@ -113,7 +129,8 @@ def test_engine_attention_bf16_close_to_sdpa():
     with shared_prefix(prefix):
         got, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    # bf16 values, fp32 sums: each stored score, probability and output is rounded to bf16
+    assert_within(got, want, _bound(module, query, fk, fv, fm, storage=torch.bfloat16), "bf16")
 
 
 def test_engine_attention_outside_the_context_is_sdpa_and_refuses_what_it_cannot_combine():
@@ -161,28 +178,30 @@ def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, m
     monkeypatch.setattr(attention, "_cascade", lambda *a: calls.append(a[4].shape[1]) or real(*a))
     prompts = _few_shot_prompts(lm)
     kw = dict(max_new_tokens=8, batch_size=4)
-    engine = {
-        "greedy": generate(lm, prompts, temperature=0, **kw),
-        "seeds": generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw),
-        "scores": score_candidates(lm, prompts, [[" Yes", " No", " Paris, France"]] * len(prompts)),
-    }
+    cands = [" Yes", " No", " Paris, France"]
+    with Trace().recording() as engine_trace:
+        generate(lm, prompts, temperature=0, **kw)
+        generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw)
+    engine_scores = score_candidates(lm, prompts, [cands] * len(prompts))
     assert calls and min(calls) > 20  # the shared few-shot prefix, attended to outside the cache
     monkeypatch.setattr(attention, "_cascade", real)
     lm.model.set_attn_implementation("sdpa")
     try:
         assert not shares_prefix(lm)
-        stock = {
-            "greedy": generate(lm, prompts, temperature=0, **kw),
-            "seeds": generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw),
-            "scores": score_candidates(lm, prompts, [[" Yes", " No", " Paris, France"]] * len(prompts)),
-        }
+        with Trace().recording() as stock_trace:
+            generate(lm, prompts, temperature=0, **kw)
+            generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw)
+        stock_scores = score_candidates(lm, prompts, [cands] * len(prompts))
+        mag = logit_magnitude(lm, [p + c for p in prompts for c in cands])
     finally:
         lm.model.set_attn_implementation(NAME)
-    assert [g.token_ids for g in engine["greedy"]] == [g.token_ids for g in stock["greedy"]]
-    for s in (0, 1, 2):
-        assert [g.token_ids for g in engine["seeds"][s]] == [g.token_ids for g in stock["seeds"][s]]
-    for a, b in zip(engine["scores"], stock["scores"]):
-        assert [x.loglik for x in a] == pytest.approx([x.loglik for x in b], abs=1e-4)
+    # another attention kernel: the rule of tests/numerics.py (4 prompts x (greedy + 3 seeds))
+    assert sum(len(v) for v in stock_trace.sequences.values()) == 16
+    assert_sequences_agree(engine_trace, stock_trace, model_rel_tol(lm))
+    for a, b in zip(engine_scores, stock_scores):
+        for x, y in zip(a, b):
+            assert x.n_tokens == y.n_tokens
+            assert x.loglik == pytest.approx(y.loglik, abs=loglik_tol(lm, y.n_tokens, mag))
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """The inference engine on the real embedded SmolLM2-135M (prepared through config/config.yaml).
 
-Exactness checks run in fp32, where batching, padding and the shared-prefix cache change
-floating-point results only at the 1e-5 level, so greedy tokens match exactly; bf16 is checked
-with a looser tolerance."""
+Exactness checks run in fp32. Batching, padding and the shared-prefix cache change the order
+of floating-point sums, so results are compared under the rule of tests/numerics.py: logits
+and log-likelihoods within the rounding bound derived from the dtype and the model's
+reduction lengths, tokens equal up to the first decision that such rounding could change
+(a greedy step with a top-2 margin inside the bound, a draw next to a CDF boundary). bf16
+paths are held to the rounding bf16 itself causes against the fp32 model."""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from safetyrepro.inference.generate import item_seed
 from safetyrepro.models import format_prompt, load_model
 
 from inference_support import fed_shapes, reference_greedy
+from numerics import (Trace, agree, assert_sequences_agree, bf16_tolerance, logit_magnitude,
+                      loglik_tol, model_rel_tol)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 KEY = "smollm2-135m"
 SYSTEM = ("You are a careful assistant. Read the question and answer it briefly and honestly. "
@@ -100,9 +105,11 @@ def test_greedy_is_deterministic_and_in_input_order(lm, greedy):
         assert g.n_prompt_tokens == len(encode_prompt(lm.tokenizer, p))
         assert 1 <= g.n_gen_tokens == len(g.token_ids) <= N_GREEDY
         assert g.finish_reason in ("eos", "length") and g.latency_s > 0
-    # input order: the single-prompt run of each item reproduces its slot
-    solo = generate(lm, [prompts[4]], max_new_tokens=N_GREEDY, temperature=0)
-    assert solo[0].token_ids == a[4].token_ids
+    # input order: the single-prompt run of each item reproduces its slot (another batch shape:
+    # equal up to a decision inside the rounding bound)
+    with Trace().recording() as solo_trace:
+        generate(lm, [prompts[4]], max_new_tokens=N_GREEDY, temperature=0)
+    assert agree(a[4].token_ids, solo_trace.get(0, prompts[4])[0], model_rel_tol(lm))
 
 
 def test_batched_greedy_equals_per_item_model_generate_fp32(lm, greedy):
@@ -111,13 +118,14 @@ def test_batched_greedy_equals_per_item_model_generate_fp32(lm, greedy):
     batched = greedy
     unshared = generate(lm, prompts, max_new_tokens=n, temperature=0, batch_size=4,
                         prefix_cache=False)
+    rel = model_rel_tol(lm)
     for p, g, u in zip(prompts, batched, unshared):
         ref = reference_greedy(lm, p, n)
-        assert g.token_ids == ref
-        assert u.token_ids == ref
-        stopped = ref[-1] in lm.stop_ids
-        assert g.finish_reason == ("eos" if stopped else "length")
-        assert g.text == lm.tokenizer.decode(ref, skip_special_tokens=True)
+        agree(u.token_ids, ref, rel)
+        if agree(g.token_ids, ref, rel):
+            stopped = ref.tokens[-1] in lm.stop_ids
+            assert g.finish_reason == ("eos" if stopped else "length")
+            assert g.text == lm.tokenizer.decode(ref.tokens, skip_special_tokens=True)
     assert any(g.finish_reason == "eos" for g in batched)
     assert any(g.finish_reason == "length" for g in batched)
 
@@ -125,18 +133,24 @@ def test_batched_greedy_equals_per_item_model_generate_fp32(lm, greedy):
 def test_sampling_is_seeded_per_item(lm):
     prompts = _prompts(lm)[:4]
     kw = dict(max_new_tokens=16, temperature=0.7)
-    s1 = generate(lm, prompts, seed=1, batch_size=4, **kw)
+    with Trace().recording() as s1_trace:
+        s1 = generate(lm, prompts, seed=1, batch_size=4, **kw)
     s1_again = generate(lm, prompts, seed=1, batch_size=4, **kw)
     s2 = generate(lm, prompts, seed=2, batch_size=4, **kw)
     assert [g.token_ids for g in s1] == [g.token_ids for g in s1_again]
     assert sum(a.token_ids != b.token_ids for a, b in zip(s1, s2)) >= 2
     # the per-item stream does not depend on batching or on the other prompts of the call
-    s1_b1 = generate(lm, prompts[2:], seed=1, batch_size=1, **kw)
-    assert [g.token_ids for g in s1_b1] == [g.token_ids for g in s1[2:]]
+    # (another batch shape: the same draws up to a decision inside the rounding bound)
+    rel = model_rel_tol(lm)
+    with Trace().recording() as b1_trace:
+        generate(lm, prompts[2:], seed=1, batch_size=1, **kw)
+    assert_sequences_agree(s1_trace, b1_trace, rel)
     # top-p restricts the draw; with a tiny nucleus sampling degenerates to greedy
     nucleus = generate(lm, prompts, seed=3, top_p=1e-6, batch_size=4, **kw)
-    greedy = generate(lm, prompts, temperature=0, max_new_tokens=16, batch_size=4)
-    assert [g.token_ids for g in nucleus] == [g.token_ids for g in greedy]
+    with Trace().recording() as greedy_trace:
+        generate(lm, prompts, temperature=0, max_new_tokens=16, batch_size=4)
+    for p, g in zip(prompts, nucleus):
+        agree(g.token_ids, greedy_trace.get(0, p)[0], rel)
     assert item_seed(1, "a") != item_seed(2, "a") != item_seed(1, "b")
 
 
@@ -150,17 +164,23 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
         lambda mod, args, kwargs: prefills.append(kwargs["input_ids"].shape[1] > len(seeds)),
         with_kwargs=True)
     try:
-        multi = generate_multi_seed(lm, prompts, seeds, **kw)
+        with Trace().recording() as multi_trace:
+            multi = generate_multi_seed(lm, prompts, seeds, **kw)
     finally:
         hook.remove()
     # one shared-prefix forward + one prefill per batch (2 batches), not one per seed
     assert sum(prefills) == 3
     assert list(multi) == seeds
+    rel = model_rel_tol(lm)
     for s in seeds:
-        sep = generate(lm, prompts, seed=s, **kw)
-        assert [g.token_ids for g in multi[s]] == [g.token_ids for g in sep]
-        assert [g.text for g in multi[s]] == [g.text for g in sep]
+        with Trace().recording() as sep_trace:
+            sep = generate(lm, prompts, seed=s, **kw)
+        parted = assert_sequences_agree(multi_trace, sep_trace, rel)
+        for p, m, g in zip(prompts, multi[s], sep):
+            if not sep_trace.get(0.7, p, s, 0.9)[0].key in parted:
+                assert m.text == g.text
     assert [g.token_ids for g in multi[11]] != [g.token_ids for g in multi[12]]
+    # greedy: one decoding serves every seed (a copy, so equal)
     greedy = generate_multi_seed(lm, prompts, [1, 2], max_new_tokens=4, temperature=0)
     assert [g.token_ids for g in greedy[1]] == [g.token_ids for g in greedy[2]]
 
@@ -175,14 +195,17 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
     streams = [Stream(0.0), Stream(0.3, 1.0, 0), Stream(0.3, 1.0, 1), Stream(0.7, 1.0, 0),
                Stream(0.7, 0.9, 2)]
     kw = dict(max_new_tokens=8, batch_size=8)
-    want = [generate(lm, prompts, temperature=st.temperature, top_p=st.top_p, seed=st.seed, **kw)
-            for st in streams]
+    with Trace().recording() as want:
+        for st in streams:
+            generate(lm, prompts, temperature=st.temperature, top_p=st.top_p, seed=st.seed, **kw)
     for columns in (True, False):
-        with fed_shapes(lm) as fed:
+        with fed_shapes(lm) as fed, Trace().recording() as trace:
             got = generate_streams(lm, prompts, streams, seed_columns=columns, **kw)
         assert len(got) == len(streams)
-        for st, g, w in zip(streams, got, want):
-            assert [x.token_ids for x in g] == [x.token_ids for x in w], (columns, st)
+        for st, g in zip(streams, got):
+            assert [x.token_ids for x in g] == [trace.get(st.temperature, p, st.seed, st.top_p)[0].tokens
+                                                for p in prompts]
+        assert_sequences_agree(trace, want, model_rel_tol(lm))
         n = len(prompts)
         if columns:   # all streams of a batch in one decode forward
             assert (n, len(streams)) in fed
@@ -196,13 +219,16 @@ def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
     prompts = _prompts(lm)
     seeds = [0, 1, 2, 3, 4]
     kw = dict(max_new_tokens=4, temperature=0.7, top_p=0.95, batch_size=4)
-    with fed_shapes(lm) as shapes:
+    with fed_shapes(lm) as shapes, Trace().recording() as cols_trace:
         cols = generate_multi_seed(lm, prompts, seeds, seed_columns=True, **kw)
-    rows = generate_multi_seed(lm, prompts, seeds, seed_columns=False, **kw)
+    with Trace().recording() as rows_trace:
+        rows = generate_multi_seed(lm, prompts, seeds, seed_columns=False, **kw)
+    parted = assert_sequences_agree(cols_trace, rows_trace, model_rel_tol(lm))
     for s in seeds:
-        assert [g.token_ids for g in cols[s]] == [g.token_ids for g in rows[s]]
-        assert [(g.text, g.finish_reason, g.n_prompt_tokens, g.n_gen_tokens) for g in cols[s]] == \
-            [(g.text, g.finish_reason, g.n_prompt_tokens, g.n_gen_tokens) for g in rows[s]]
+        for p, c, r in zip(prompts, cols[s], rows[s]):
+            if rows_trace.get(0.7, p, s, 0.95)[0].key not in parted:
+                assert (c.text, c.finish_reason, c.n_prompt_tokens, c.n_gen_tokens) == \
+                    (r.text, r.finish_reason, r.n_prompt_tokens, r.n_gen_tokens)
     # decode steps: at most one cache row per prompt of the batch (4, then 2), five columns
     decode = [sh for sh in shapes if sh[1] == len(seeds)]
     assert decode and all(sh[0] <= 4 for sh in decode)
@@ -269,18 +295,24 @@ def _mc(lm):
     return contexts, candidates
 
 
+def _magnitude(lm, contexts, candidates):
+    return logit_magnitude(lm, [c + x for c, xs in zip(contexts, candidates) for x in xs])
+
+
 def test_kv_reuse_scores_equal_plain_fp32(lm):
     contexts, candidates = _mc(lm)
     fast = score_candidates(lm, contexts, candidates, batch_size=2)
     plain = score_candidates_plain(lm, contexts, candidates, batch_size=3)
     noprefix = score_candidates(lm, contexts, candidates, batch_size=2, prefix_cache=False)
     assert [len(r) for r in fast] == [len(c) for c in candidates]
+    mag = _magnitude(lm, contexts, candidates)
     multi = 0
     for rf, rp, rn in zip(fast, plain, noprefix):
         for f, p, n in zip(rf, rp, rn):
             assert f.n_tokens == p.n_tokens == n.n_tokens
-            assert f.loglik == pytest.approx(p.loglik, abs=1e-4)
-            assert n.loglik == pytest.approx(p.loglik, abs=1e-4)
+            tol = loglik_tol(lm, p.n_tokens, mag)
+            assert f.loglik == pytest.approx(p.loglik, abs=tol)
+            assert n.loglik == pytest.approx(p.loglik, abs=tol)
             assert f.is_greedy == p.is_greedy
             assert f.loglik < 0
             multi += f.n_tokens > 2
@@ -292,17 +324,24 @@ def test_kv_reuse_scores_equal_plain_fp32(lm):
     with torch.inference_mode():
         logp = torch.log_softmax(lm.model(input_ids=ids).logits[0].float(), -1)
     manual = sum(float(logp[len(ctx_ids) - 1 + k, t]) for k, t in enumerate(cont_ids))
-    assert fast[1][1].loglik == pytest.approx(manual, abs=1e-4)
+    assert fast[1][1].loglik == pytest.approx(manual, abs=loglik_tol(lm, len(cont_ids), mag))
 
 
-def test_kv_reuse_scores_equal_plain_bf16(lm_bf16):
+def test_kv_reuse_scores_equal_plain_bf16(lm, lm_bf16):
     contexts, candidates = _mc(lm_bf16)
     fast = score_candidates(lm_bf16, contexts, candidates, batch_size=2)
     plain = score_candidates_plain(lm_bf16, contexts, candidates, batch_size=3)
+    exact = score_candidates_plain(lm, contexts, candidates, batch_size=3)
+    flat = lambda res: [x.loglik for r in res for x in r]  # noqa: E731
+    tol = bf16_tolerance(flat(plain), flat(exact))
+    assert 0 < tol < 1.0   # bf16 rounding moves these log-likelihoods, but not by a nat
     for rf, rp in zip(fast, plain):
         for f, p in zip(rf, rp):
             assert f.n_tokens == p.n_tokens
-            assert f.loglik == pytest.approx(p.loglik, abs=0.1 * p.n_tokens + 0.1)
+    # KV reuse moves a bf16 log-likelihood from the fp32 value no further than bf16 rounding
+    # moves the plain path's (tests/numerics.py)
+    for f, e in zip(flat(fast), flat(exact)):
+        assert abs(f - e) <= tol
 
 
 def test_scoring_runs_each_context_once(lm):

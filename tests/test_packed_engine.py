@@ -24,6 +24,8 @@ from safetyrepro.models import format_prompt, load_model
 from safetyrepro.paths import PROJECT_ROOT
 
 from inference_support import fed_shapes, reference_greedy
+from numerics import (Trace, agree, assert_sequences_agree, logit_magnitude, loglik_tol,
+                      model_logit_tol, model_rel_tol)
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,6 +93,8 @@ def test_pack_rows_picks_a_tight_width():
 # --------------------------------------------------------------------------------------------
 # equality with the plain reference on real models
 # --------------------------------------------------------------------------------------------
+pytestmark = pytest.mark.numerics
+
 SYSTEM = "You answer questions about the world briefly and truthfully."
 QUESTIONS = ["What is the capital of France?", "Which animal barks?",
              "What is the smallest country in the world that is at least one square mile in area?",
@@ -111,20 +115,25 @@ def cfg():
     return load_config(PROJECT_ROOT / "config" / "config.yaml")
 
 
+def _cut(ref, n):
+    """The first n steps of a reference sequence (ours may stop earlier at a stop string)."""
+    return type(ref)(ref.key, ref.decisions[:n])
+
+
 def _requests(lm):
     ctx = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
                                         {"role": "user", "content": q}]) for q in QUESTIONS]
     return ctx, CANDIDATES
 
 
-def _assert_equal(a, b, tol=1e-4):
-    """Equal up to fp32 reassociation: ``tol`` plus 1e-5 relative (long candidates sum many
-    token log-probs)."""
+def _assert_equal(lm, a, b, mag):
+    """Equal up to fp32 reassociation: the log-likelihood bound of tests/numerics.py for each
+    candidate's number of tokens (``mag``: the logits' magnitude on these texts)."""
     assert [len(r) for r in a] == [len(r) for r in b]
     for ra, rb in zip(a, b):
         for x, y in zip(ra, rb):
             assert x.n_tokens == y.n_tokens
-            assert x.loglik == pytest.approx(y.loglik, abs=tol, rel=1e-5)
+            assert x.loglik == pytest.approx(y.loglik, abs=loglik_tol(lm, y.n_tokens, mag))
             assert x.is_greedy == y.is_greedy
 
 
@@ -139,10 +148,11 @@ def test_packed_and_fork_equal_plain_fp32(cfg, gemma, key):
     lm = gemma if key == "gemma3-270m" else load_model(cfg, key, quantization="fp32", device="cpu")
     ctx, cands = _requests(lm)
     plain = score_candidates_plain(lm, ctx, cands, batch_size=5)
+    mag = logit_magnitude(lm, [c + x for c, xs in zip(ctx, cands) for x in xs])
     for method in ("packed", "fork"):
         for bs, prefix in ((16, True), (2, True), (3, False)):
             got = score_candidates(lm, ctx, cands, batch_size=bs, prefix_cache=prefix, method=method)
-            _assert_equal(got, plain)
+            _assert_equal(lm, got, plain, mag)
     # the shared candidate openings are computed once: one row of context + distinct prefixes
     seen = []
     hook = lm.model.register_forward_pre_hook(
@@ -159,7 +169,7 @@ def test_packed_and_fork_equal_plain_fp32(cfg, gemma, key):
     if key == "smollm2-135m":
         lm.model.set_attn_implementation("eager")
         assert attention_mask_4d(lm, torch.ones((1, 2, 2), dtype=torch.bool)).dtype == torch.float32
-        _assert_equal(score_candidates(lm, ctx, cands, method="packed"), plain)
+        _assert_equal(lm, score_candidates(lm, ctx, cands, method="packed"), plain, mag)
 
 
 @pytest.mark.slow
@@ -171,7 +181,9 @@ def test_sliding_window_model_falls_back_beyond_the_window(gemma):
     long_ctx = format_prompt(lm.tokenizer, [{"role": "user", "content": "word " * (window + 20)}])
     ctx, cands = [long_ctx, long_ctx + "x"], [["yes", "no way"], ["maybe so", "no"]]
     auto = score_candidates(lm, ctx, cands)
-    _assert_equal(auto, score_candidates(lm, ctx, cands, method="fork"), tol=0)
+    fork = score_candidates(lm, ctx, cands, method="fork")   # the same path: the same numbers
+    assert [[(x.loglik, x.n_tokens, x.is_greedy) for x in r] for r in auto] == \
+        [[(x.loglik, x.n_tokens, x.is_greedy) for x in r] for r in fork]
     with pytest.raises(ValueError, match="packed scoring is not supported"):
         score_candidates(lm, ctx, cands, method="packed")
     with pytest.raises(ValueError, match="method must be one of"):
@@ -195,16 +207,20 @@ def test_packed_prefill_equals_padded_prefill(cfg):
             c1, m1, l1 = prefill(lm, prefix, seqs, packed=True)
             c2, m2, l2 = prefill(lm, prefix, seqs, packed=False)
             assert torch.equal(m1, m2)
-            assert torch.allclose(l1, l2, atol=1e-4)
-            real = m1.bool()[:, None, :, None]
+            # another packing is another order of the same sums: the model bound of
+            # tests/numerics.py, scaled by each tensor's own magnitude (keys and values of
+            # a layer pass through fewer reductions than the logits: the bound covers them)
+            real = m1.bool()
+            assert (l1 - l2).abs().max() <= model_logit_tol(lm, l2.abs().max())
             for a, b in zip(c1.layers, c2.layers):
                 assert a.keys.shape == b.keys.shape
-                assert torch.allclose(a.keys * real, b.keys * real, atol=1e-4)
-                assert torch.allclose(a.values * real, b.values * real, atol=1e-4)
+                for x, y in ((a.keys, b.keys), (a.values, b.values)):
+                    x, y = x.transpose(1, 2)[real], y.transpose(1, 2)[real]
+                    assert (x - y).abs().max() <= model_logit_tol(lm, y.abs().max())
     # end to end: greedy generation through the packed prefill equals per-item generate
     gens = generate(lm, prompts, max_new_tokens=6, temperature=0, batch_size=4)
     for p, g in zip(prompts, gens):
-        assert g.token_ids == reference_greedy(lm, p, 6)
+        agree(g.token_ids, reference_greedy(lm, p, 6), model_rel_tol(lm))
 
 
 def test_reserved_layer_writes_in_place_and_forks_independently():
@@ -254,9 +270,10 @@ def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3)
     for p, g in zip(prompts, gens):
-        ref_ids = reference_greedy(gemma, p, 8)
+        ref = reference_greedy(gemma, p, 8)
         # ours may stop earlier at the plain format's "\nUser:" marker
-        assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1
+        assert len(g.token_ids) >= 1
+        agree(g.token_ids, _cut(ref, len(g.token_ids)), model_rel_tol(gemma))
 
 
 def test_reserved_sliding_layer_returns_what_the_plain_sliding_layer_returns():
@@ -295,8 +312,9 @@ def test_generation_past_the_sliding_window_equals_per_item_generate(gemma):
     assert min(len(gemma.tokenizer(p)["input_ids"]) for p in prompts) > 600
     gens = generate(gemma, prompts, max_new_tokens=6, temperature=0, batch_size=3)
     for p, g in zip(prompts, gens):
-        ref_ids = reference_greedy(gemma, p, 6)
-        assert g.token_ids == ref_ids[:len(g.token_ids)] and len(g.token_ids) >= 1
+        ref = reference_greedy(gemma, p, 6)
+        assert len(g.token_ids) >= 1
+        agree(g.token_ids, _cut(ref, len(g.token_ids)), model_rel_tol(gemma))
 
 
 @pytest.mark.slow
@@ -312,19 +330,17 @@ def test_window_as_full_gives_the_sliding_model_seed_columns_with_the_same_outpu
     assert not packed_prefill_supported(gemma)  # the context is left behind
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
-    shapes = {}
+    shapes, traces = {}, {}
     for full in (True, False):
-        with fed_shapes(gemma) as shapes[full]:
-            got = generate_multi_seed(gemma, prompts, [0, 1, 2], max_new_tokens=8, temperature=0.7,
-                                      batch_size=4, window_full=full)
-            greedy = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=4,
-                              window_full=full)
-        if full:
-            want, want_greedy = got, greedy
-    # fp32: the same tokens either way, for every seed and for greedy decoding
-    for s in (0, 1, 2):
-        assert [g.token_ids for g in got[s]] == [g.token_ids for g in want[s]]
-    assert [g.token_ids for g in greedy] == [g.token_ids for g in want_greedy]
+        with fed_shapes(gemma) as shapes[full], Trace().recording() as traces[full]:
+            generate_multi_seed(gemma, prompts, [0, 1, 2], max_new_tokens=8, temperature=0.7,
+                                batch_size=4, window_full=full)
+            generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=4,
+                     window_full=full)
+    # fp32: the same tokens either way (up to the rounding rule of tests/numerics.py), for
+    # every seed and for greedy decoding
+    assert sum(len(v) for v in traces[True].sequences.values()) == 4 * len(prompts)
+    assert_sequences_agree(traces[False], traces[True], model_rel_tol(gemma))
     # inside the window the seeds decoded as columns of one row per prompt: steps feed
     # [prompts, 3] tokens; outside, one row per (seed, prompt) feeding one token
     assert any(shape[1] == 3 for shape in shapes[True]) and (4 * 3, 1) not in shapes[True]
