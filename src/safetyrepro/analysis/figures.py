@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..errors import DataError
 from ..io import atomic_write_bytes
-from ..provenance import code_version_string
+from ..provenance import code_stamp, code_version_string
 from .common import read_table
 
 FIGURES = {
@@ -52,6 +52,7 @@ def _save(fig, path: Path, meta: dict) -> Path:
     buf = io.BytesIO()
     stamp = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "code_version")}
     stamp["analysis_code_version"] = code_version_string()
+    stamp |= code_stamp(__name__)
     fig.savefig(buf, format="png", dpi=150, bbox_inches="tight",
                 metadata={"Software": "safetyrepro", "Description": json.dumps(stamp, sort_keys=True)})
     atomic_write_bytes(path, buf.getvalue())
