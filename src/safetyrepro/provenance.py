@@ -96,7 +96,8 @@ def _file_module(path: Path) -> tuple[str, str]:
     return ".".join(parts), ".".join(parts[:-1])
 
 
-def _imports(path: Path) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _imports(path: Path) -> frozenset[str]:
     """Package module names a source file imports (absolute or relative, anywhere in it)."""
     import ast
 
@@ -114,7 +115,7 @@ def _imports(path: Path) -> set[str]:
                 full = node.module or ""
             found.add(full)
             found.update(f"{full}.{a.name}" for a in node.names)  # "from . import grid"
-    return {m for m in found if _module_file(m) is not None}
+    return frozenset(m for m in found if _module_file(m) is not None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -52,6 +52,6 @@ rule rho_flip:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.cli"),
+        code=PLAN.code_fingerprint("safetyrepro.metrics.tables"),
     shell:
         '"$PY" -m safetyrepro rho-flip {input} --out {output.pairs} > {log} 2>&1'
