@@ -13,6 +13,7 @@ import pytest
 
 from analysis_synth import hand_cells, hand_meta, provenance_for, write_hand
 from safetyrepro.analysis.cards import write_cards
+from safetyrepro.analysis.figures import write_figures
 from safetyrepro.analysis.report_md import build_report
 from safetyrepro.analysis.tables import write_paper_tables
 from safetyrepro.io import META_KEY, read_metadata
@@ -120,3 +121,19 @@ def test_cards_mark_cell_scores_from_other_aggregation_code(tmp_path):
         assert (index["stale"] is not None) == stale
         assert ("**STALE: `cs.parquet` is not from the current code" in paths["A__bbq.md"].read_text()) == stale
         assert (json.loads(paths["A__bbq.json"].read_text())["stale"] is not None) == stale
+
+
+def test_a_figure_from_an_old_table_says_stale(tmp_path):
+    from PIL import Image
+
+    _, paths = _write_tables(tmp_path)
+    for old, stale in ((None, False), ("0" * 64, True)):
+        if old:
+            _rewrite_meta(paths["table4"], code_fingerprint=old)
+        png = write_figures(tmp_path / "tables", tmp_path / "figures", which=["orderings"])["orderings"]
+        with Image.open(png) as im:
+            stamp = json.loads(im.text["Description"])
+        assert stamp["producer"] == "safetyrepro.analysis.figures"
+        assert stamp["sources"][0]["producer"] == "safetyrepro.analysis.tables"
+        assert (stamp["stale"] is not None) == stale
+        assert (stale_reason(stamp) is not None) == stale
