@@ -161,6 +161,8 @@ def output_metadata(table: str, sources: list[tuple[Path, dict]], params: dict |
     code stamp (``producer`` module and its code fingerprint; the producer defaults to the
     calling module, the one that computes the table) that :func:`stale_reason` checks."""
     producer = producer or sys._getframe(1).f_globals["__name__"]
+    if producer == __name__:  # a helper here computes nothing: name the analysis module
+        raise ValueError("output_metadata called from analysis.common: pass producer=<computing module>")
     primary = sources[0][1]
     md = {k: primary[k] for k in REQUIRED_META}
     for k, v in primary.items():
