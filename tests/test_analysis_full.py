@@ -13,6 +13,7 @@ from safetyrepro.analysis.cli import register
 from safetyrepro.analysis.common import load_cell_scores
 from safetyrepro.io import read_metadata
 from safetyrepro.metrics import benchmark_summary, pairwise_table
+from safetyrepro.provenance import code_fingerprint, stale_reason
 
 STAMP_KEYS = ("rules_stamp", "config_hash", "code_version")
 
@@ -52,6 +53,10 @@ def run(tmp_path_factory):
     return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards}
 
 
+PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"), "tables"),
+            "anova": "variance", "shap": "variance", "robustness": "robustness",
+            "robustness_regression": "robustness", "subsample_stability": "subsample",
+            "subsample_cells": "subsample", "precision": "precision", "precision_cells": "precision"}
 EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 10, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
                  "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 12, "robustness_regression": 1,
                  "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 5,
@@ -68,6 +73,9 @@ def test_every_table_written_stamped_and_sized(run):
         md = read_metadata(p)
         assert {k: md[k] for k in STAMP_KEYS} == {k: src_meta[k] for k in STAMP_KEYS}, name
         assert md["subset_hashes"] == src_meta["subset_hashes"] and md["table"] == name
+        # stamped with the code of the analysis that computed it (what its rule fingerprints)
+        assert md["producer"] == f"safetyrepro.analysis.{PRODUCER[name]}", name
+        assert md["code_fingerprint"] == code_fingerprint(md["producer"]) and stale_reason(md) is None
 
 
 def test_full_size_numbers_agree_with_the_metric_core(run):
@@ -110,8 +118,10 @@ def test_figures_report_and_cards(run):
             assert im.size[0] > 600 and im.size[1] > 400
             stamp = json.loads(im.text["Description"])
         assert stamp["rules_stamp"] == run["data"]["meta"]["rules_stamp"]
+        assert stamp["code_fingerprint"] == code_fingerprint("safetyrepro.analysis.figures")
     report = (run["root"] / "report.md").read_text()
     assert "not produced" not in report
+    assert "every table was computed by the current code" in report and "STALE" not in report
     for heading in ("Table 2", "Table 3", "Table 4", "Parse-clean", "tau_R", "Bootstrap", "subsamples",
                     "BF16 vs NF4", "ANOVA", "SHAP", "Robustness"):
         assert f"## {heading}" in report or heading in report

@@ -23,8 +23,8 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from ..io import atomic_write_text
 from ..metrics import pairwise_table
-from ..provenance import code_version_string
-from .common import load_cell_scores, version_text
+from ..provenance import code_stamp, code_version_string
+from .common import load_cell_scores, source_record, source_stale_note, version_text
 
 CARD_VERSION = 1
 
@@ -152,6 +152,7 @@ def card_markdown(card: dict) -> str:
     e = card["envelope"]
     lines = [
         f"# GRID card: {card['model']} on {card['benchmark']}", "",
+        *([f"**{card['stale']}**", ""] if card.get("stale") else []),
         "| field | value |", "|---|---|",
         f"| model id | `{card['model_id']}` |",
         f"| weights hash | `{card['weights_hash']}` |",
@@ -204,6 +205,9 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``."""
     cs = load_cell_scores(cell_scores_path)
     cards = build_cards(cs.df, provenance, cs.meta)  # everything computed before anything is written
+    stale = source_stale_note(cs.path, cs.meta)  # cell scores written by other aggregation code
+    for card in cards:
+        card["stale"] = stale
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []
@@ -218,6 +222,7 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     atomic_write_text(out_dir / "index.json", json.dumps(
         {"source": str(cs.path), "rules_stamp": cs.meta["rules_stamp"], "config_hash": cs.meta["config_hash"],
          "code_version": cs.meta["code_version"], "analysis_code_version": code_version_string(),
+         **code_stamp(__name__), "sources": [source_record(cs.path, cs.meta)], "stale": stale,
          "dropped_incomplete_configs": cs.dropped, "cards": index}, indent=2) + "\n")
     paths["index"] = out_dir / "index.json"
     return paths

@@ -62,3 +62,24 @@ def benchmark_summary(df: pd.DataFrame, configs=None, tol: float = 0.0) -> pd.Da
                      "tied_configs": ords["tied_configs"], "tau_r": tau["tau_r"],
                      "tau_pairs_used": tau["pairs_used"], "tau_pairs_undefined": tau["pairs_undefined"]})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
+    """The run's ``rho_flip.parquet`` (stamped with its source's stamps and this code's
+    fingerprint) and a CSV beside it, from ``cell_scores.parquet``; returns the table."""
+    from pathlib import Path
+
+    from ..io import atomic_write_text, read_parquet, write_parquet
+    from ..provenance import code_stamp, code_version
+
+    cell_scores, out = Path(cell_scores), Path(out)
+    table, meta = read_parquet(cell_scores)
+    pairs = pairwise_table(table.to_pandas()[["model", "benchmark", "config", "score"]])
+    md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
+    md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version(),
+           **code_stamp(__name__),
+           "sources": [{"path": str(cell_scores), "producer": meta.get("producer"),
+                        "code_fingerprint": meta.get("code_fingerprint")}]}
+    write_parquet(pairs, out, md)
+    atomic_write_text(out.with_suffix(".csv"), pairs.to_csv(index=False))
+    return pairs
