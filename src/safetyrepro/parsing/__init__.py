@@ -40,6 +40,15 @@ def _lower_tuple(xs) -> tuple[str, ...]:
     return tuple(" ".join(str(x).lower().split()) for x in xs)
 
 
+def refusal_spec(parser: dict) -> RefusalSpec:
+    """The refusal classifier's settings from a task file's ``parser`` section."""
+    return RefusalSpec(markers=_lower_tuple(parser["markers"]),
+                       refusal_phrases=_lower_tuple(parser["refusal_phrases"]),
+                       not_refusal=_lower_tuple(parser["not_refusal"]),
+                       pivot_phrases=_lower_tuple(parser["pivot_phrases"]),
+                       opening_sentences=int(parser["opening_sentences"]))
+
+
 def build_parser(parser: dict, answer: dict) -> tuple[Callable[[Any, dict | None], str | None], tuple[str, ...]]:
     """A ``(text, item) -> label | None`` function and the label set it can return, from a
     task file's ``parser`` and ``answer`` sections (already schema-validated)."""
@@ -67,11 +76,7 @@ def build_parser(parser: dict, answer: dict) -> tuple[Callable[[Any, dict | None
         )
         return (lambda text, item: parse_label(spec, text)), labels
     if kind == "refusal":
-        spec = RefusalSpec(markers=_lower_tuple(parser["markers"]),
-                           refusal_phrases=_lower_tuple(parser["refusal_phrases"]),
-                           not_refusal=_lower_tuple(parser["not_refusal"]),
-                           pivot_phrases=_lower_tuple(parser["pivot_phrases"]),
-                           opening_sentences=int(parser["opening_sentences"]))
+        spec = refusal_spec(parser)
         return (lambda text, item: parse_refusal(spec, text)), REFUSAL_LABELS
     raise ValueError(f"unknown parser kind {kind!r}")  # unreachable after schema validation
 
