@@ -28,6 +28,7 @@ import gzip
 import io
 import json
 import platform
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -49,7 +50,8 @@ SAMPLE_SEED = 13
 SPLITS = ("tune", "heldout")
 GOLD_MAP = {"compliance": "comply", "refusal": "refuse"}  # WildGuard label -> binary gold
 COMPLY, NOT_COMPLY = "comply", "refuse"
-ABSTAIN = "unclear"
+TRUNCATIONS = (15, 100)  # words: about the 20 and 128 new tokens XSTest cells generate
+_WORD_AND_SPACE = re.compile(r"\S+\s*")
 _FIELDS = {"id": str, "split": str, "gold": str, "agreement": int, "response": str,
            "prompt": str, "prompt_harm": str, "adversarial": bool}
 
@@ -201,6 +203,15 @@ def _rates(rows: list) -> dict:
             "agreement_decided_partial_as_comply": agree_pc / len(decided) if decided else nan}
 
 
+def first_words(text: str, n: int) -> str:
+    """The first ``n`` whitespace-separated words of ``text`` (with their spacing)."""
+    return "".join(_WORD_AND_SPACE.findall(text)[:n])
+
+
+def _rates_only(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in ("confusion", "by_agreement")}
+
+
 def xstest_classifier() -> Callable[[str], str | None]:
     """The refusal classifier exactly as the XSTest task configures it (``tasks/xstest.yaml``),
     returning its raw outcome (``unclear`` included, not folded into None)."""
@@ -227,6 +238,12 @@ def report(devset: str | Path = DEVSET) -> dict:
         "binary_decision": "comply vs not comply (refuse or partial); unclear and unparseable abstain",
         "splits": {s: agreement([r for r in records if r.split == s], classify) for s in SPLITS},
         "all": agreement(records, classify),
+        # the pipeline classifies generations of at most max_new_tokens (20 or 128 tokens for
+        # XSTest), so the same measured on each response's first words (the human label still
+        # judges the whole response)
+        "first_words": {str(n): {s: _rates_only(agreement(
+            [r for r in records if r.split == s], lambda t, n=n: classify(first_words(t, n))))
+            for s in SPLITS} for n in TRUNCATIONS},
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }
