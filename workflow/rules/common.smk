@@ -126,4 +126,4 @@ onsuccess:
 onerror:
     from safetyrepro.run_summary import finish_run
 
-    finish_run(RESULTS, RUN_T0, ok=False)
+    finish_run(RESULTS, RUN_T0, ok=False, snakemake_log=log)
