@@ -5,9 +5,15 @@ PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
 CORES    ?= 1
 CONFIG   ?= config/config.yaml
-# CPU machines get the CPU build of torch (on local disk here); with a GPU (nvidia-smi
-# present) pip's default CUDA build is used; a torch already in the venv is kept as it is.
-TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+# torch: CPU machines get the CPU build (on local disk here). Where nvidia-smi exists the venv
+# must hold a CUDA build: a missing torch, or a CPU-only build already in the venv (which would
+# run the paper grid on the CPU), is replaced by TORCH_CUDA_SPEC from TORCH_CUDA_INDEX (PyTorch's
+# CUDA 12.8 wheels; override both for another CUDA). Either way the install ends by printing
+# which torch it uses, its CUDA version and whether it sees a GPU.
+HAS_GPU          := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+TORCH_SPEC       ?= torch==2.13.0
+TORCH_CUDA_SPEC  ?= torch
+TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu128
 
 .PHONY: install run test test-kernels test-slurm dryrun lint clean-results
 
@@ -16,8 +22,16 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+ifeq ($(HAS_GPU),yes)
+	@$(PY) -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null || { \
+	  echo "make: nvidia-smi found and .venv has no CUDA build of torch: installing $(TORCH_CUDA_SPEC) from $(TORCH_CUDA_INDEX)"; \
+	  $(PY) -m pip uninstall -q -y torch 2>/dev/null; \
+	  $(PY) -m pip install -q "$(TORCH_CUDA_SPEC)" --index-url "$(TORCH_CUDA_INDEX)"; }
+else
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
+endif
 	$(PY) -m pip install -q -e ".[test]"
+	@$(PY) -c "import torch; print(f'make: torch {torch.__version__}, CUDA build: {torch.version.cuda or \"none (CPU-only build)\"}, GPU visible: {torch.cuda.is_available()}')"
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -112,7 +112,15 @@ def cell_fingerprint(model, variant):
 
 
 onstart:
+    from safetyrepro.models.load import require_device
     from safetyrepro.scheduling import drop_local_rate_limiter
+
+    # a config that needs a GPU (runtime.device: cuda) fails here, before any job starts
+    # (a dry run, -n, skips onstart and so plans without a GPU)
+    try:
+        require_device(RUN)
+    except SafetyReproError as exc:
+        sys.exit(f"error: {exc}")
 
     drop_local_rate_limiter(workflow)
 

@@ -25,7 +25,10 @@ def register(app: typer.Typer) -> None:
         from ..io import atomic_write_text
         from .prepare import prepare_model, weights_hash
 
+        from .load import require_device
+
         cfg = load_config(config)
+        require_device(cfg)  # runtime.device: cuda without a GPU: stop before downloading
         records = {}
         for key in model or cfg.models:
             path = prepare_model(cfg, key, progress=not quiet)

@@ -15,7 +15,10 @@ no per-call dequantisation) and attention runs the engine's implementation
 read once); ``info["nf4_matmul"]`` and ``info["attention"]`` record what a model uses.
 
 Device: ``runtime.device`` (``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else
-``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``.
+``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``. A config
+that needs a GPU says ``runtime.device: cuda`` (``config/paper.yaml``): there a missing GPU is
+an error before any job starts (:func:`require_device`, called by the workflow's ``onstart``
+and by ``safetyrepro prepare-model``), never a silent run on the CPU.
 """
 
 from __future__ import annotations
@@ -67,13 +70,39 @@ def compute_threads(cfg) -> int:
         return os.cpu_count() or 1
 
 
+def cuda_problem() -> str | None:
+    """Why torch cannot use a CUDA GPU here (None when it can): names the torch build."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if not torch.version.cuda:
+        return (f"the installed torch {torch.__version__} is a CPU-only build; install a CUDA "
+                "build (`make` does so on a machine where nvidia-smi exists)")
+    return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device "
+            "(no GPU, no driver, or CUDA_VISIBLE_DEVICES hides it)")
+
+
+def require_device(cfg) -> str | None:
+    """Fail early (ConfigError naming ``runtime.device``) when the config asks for ``cuda`` and
+    torch cannot use one; returns the requested device. ``auto`` and ``cpu`` never fail."""
+    requested = str(cfg.section("runtime").get("device", "auto")).lower()
+    if requested == "cuda":
+        problem = cuda_problem()
+        if problem:
+            raise ConfigError(cfg.path, "runtime.device",
+                              f"'cuda' is required but {problem}; run on a GPU machine, or set "
+                              "runtime.device: cpu (days instead of hours for 7-9B models)")
+    return requested
+
+
 def resolve_device(requested: str | None) -> str:
     import torch
     req = (requested or "auto").lower()
     if req == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if req == "cuda" and not torch.cuda.is_available():
-        raise ModelError("device 'cuda' requested (runtime.device) but torch sees no CUDA device")
+    if req == "cuda" and cuda_problem():
+        raise ModelError(f"device 'cuda' requested (runtime.device) but {cuda_problem()}")
     if req not in ("cpu", "cuda"):
         raise ModelError(f"unknown device {requested!r}; expected auto, cpu or cuda")
     return req
