@@ -121,7 +121,6 @@ onstart:
         require_device(RUN)
     except SafetyReproError as exc:
         sys.exit(f"error: {exc}")
-
     drop_local_rate_limiter(workflow)
 
 
