@@ -205,3 +205,32 @@ def test_prefill_store_budget_is_a_runtime_setting(setup, tmp_path):
     with pytest.raises(Exception, match="prefill_store_mb"):
         load_config(tmp_path / "bad.yaml")
     cells._prefills(lm, cfg)                                        # back to the default
+
+
+def test_chat_template_hash_in_shard_and_fingerprint(setup):
+    """Every shard records the model's chat-template hash; the fingerprint it records includes
+    the hash from the prepared-model marker (what aggregation expects), and a model whose
+    template differs from the prepared one is refused."""
+    from safetyrepro.models.chat import template_hash
+    from safetyrepro.plan import Plan
+
+    d, path, lm = setup
+    plan = Plan(load_config(path))
+    marker = plan.model_marker("smol")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    cell = "T2-greedy-k0-logprob"
+    try:
+        marker.write_text(json.dumps({"smol": {"chat_template_hash": template_hash(lm.tokenizer)}}))
+        out, _ = _run(setup, "truthfulqa", cell, name="chat-template.parquet")
+        _, meta = read_shard(out)
+        assert meta["chat_template_hash"] == lm.info["chat_template_hash"] == template_hash(lm.tokenizer)
+        plan = Plan(load_config(path))
+        with_tpl = plan.cell_fingerprint("smol", "truthfulqa", cell, 0)
+        assert meta["fingerprint"] == with_tpl
+        assert with_tpl != plan.cell_fingerprint("smol", "truthfulqa", cell, 0, chat_template=False)
+        marker.write_text(json.dumps({"smol": {"chat_template_hash": "0" * 64}}))
+        assert Plan(load_config(path)).cell_fingerprint("smol", "truthfulqa", cell, 0) != with_tpl
+        with pytest.raises(CellError, match="chat template .* is not the one its prepare step recorded"):
+            _run(setup, "truthfulqa", cell, name="chat-template-2.parquet")
+    finally:
+        marker.unlink(missing_ok=True)

@@ -137,6 +137,11 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         lm = load_model(cfg, model, quantization=quant)
     from .models import format_prompt
 
+    prepared = plan.chat_template_hash(model)
+    if prepared is not None and prepared != lm.info.get("chat_template_hash"):
+        raise CellError(f"cell {spec.id}: the model's chat template (hash "
+                        f"{lm.info.get('chat_template_hash')}) is not the one its prepare step recorded "
+                        f"in {plan.model_marker(model)} ({prepared}); prepare the model again")
     t0 = time.perf_counter()
     try:
         if c.scoring == "freeform":
@@ -162,6 +167,7 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         "temperature": dec["temperature"], "top_p": dec.get("top_p", 1.0),
         "max_new_tokens": cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
         "template_hash": task.template_hash(c.template),
+        "chat_template_hash": lm.info.get("chat_template_hash"),
         "rules_stamp": cfg.rules.stamp,
         "config_hash": cfg.hash,
         "subset_hash": items_meta.get("subset_hash"),

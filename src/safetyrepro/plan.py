@@ -161,10 +161,37 @@ class Plan:
         m = self.cfg.model(model)
         return canonical_hash({"source": m["source"], "quantization": self.quantization(model, variant)})
 
-    def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main") -> str:
+    def chat_template_hash(self, model: str) -> str | None:
+        """The model's chat-template hash (:func:`.models.chat.template_hash`) as its
+        prepare step recorded it in the marker ``results/models/<model>.json``; None while the
+        model is not prepared (or for a marker written before templates were recorded)."""
+        import json
+
+        path = self.model_marker(model)
+        try:
+            key = (model, path.stat().st_mtime_ns)
+        except OSError:
+            return None
+        cache = self.__dict__.setdefault("_template_hashes", {})
+        if key not in cache:
+            try:
+                cache[key] = json.loads(path.read_text()).get(model, {}).get("chat_template_hash")
+            except (OSError, ValueError, AttributeError):
+                cache[key] = None
+        return cache[key]
+
+    def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main",
+                         *, chat_template: bool = True) -> str:
+        """What a cell's output depends on. With ``chat_template`` (the default: what a shard
+        records and aggregation expects) it includes the model's chat-template hash from the
+        prepared-model marker. The workflow's rerun parameter leaves it out
+        (``chat_template=False``): the marker does not exist yet when Snakemake plans a fresh
+        run, and it is an input of every cell job, so a re-prepared model reruns them anyway."""
         c = grid.Config.parse(config_id)
         rules = self.cfg.rules
+        extra = {"chat_template": self.chat_template_hash(model)} if chat_template else {}
         return canonical_hash({
+            **extra,
             "model": self.model_fingerprint(model, variant),
             "template": self.template_hash(benchmark, c.template),
             "decoding": rules.level("decoding", c.decoding),

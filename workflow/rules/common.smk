@@ -105,7 +105,12 @@ def cell_fingerprint(model, variant):
 
     def fingerprint(wildcards):
         return PLAN.cell_fingerprint(
-            model, wildcards.benchmark, wildcards.config, int(wildcards.seed), variant
+            model,
+            wildcards.benchmark,
+            wildcards.config,
+            int(wildcards.seed),
+            variant,
+            chat_template=False,
         )
 
     return fingerprint

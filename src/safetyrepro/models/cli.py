@@ -34,9 +34,17 @@ def register(app: typer.Typer) -> None:
             path = prepare_model(cfg, key, progress=not quiet)
             typer.echo(f"{key}\t{path}")
             records[key] = {"path": str(path), "weights_hash": weights_hash(path),
+                            "chat_template_hash": _template_hash(path),
                             "source_fingerprint": canonical_hash(cfg.model(key)["source"])}
         if marker is not None:
             atomic_write_text(marker, json.dumps(records, indent=2, sort_keys=True))
+
+    def _template_hash(path) -> str:
+        from transformers import AutoTokenizer
+
+        from .chat import template_hash
+
+        return template_hash(AutoTokenizer.from_pretrained(str(path)))
 
     @app.command("bench-model")
     def bench_model_cmd(

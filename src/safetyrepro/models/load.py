@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError
-from .chat import stop_strings_for, stop_token_ids
+from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
 from .prepare import prepare_model, read_marker, weights_hash
 
 QUANTIZATIONS = ("nf4", "bf16", "fp32")
@@ -205,6 +205,8 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "transformers_version": _version("transformers"),
         "bitsandbytes_version": _version("bitsandbytes"),
         "chat_template": bool(getattr(tok, "chat_template", None)),
+        "chat_template_hash": template_hash(tok),
+        "system_role": system_role(tok),
         "attention": attention,
         "threads": torch.get_num_threads(),
     }
