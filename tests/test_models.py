@@ -145,7 +145,12 @@ def test_local_source_that_fails_to_load_names_key_and_path(cfg, tmp_path):
             "source": {"kind": "local", "path": str(folder)}}
     bad_cfg = load_config(_variant_config(tmp_path, cfg, resources=tmp_path / "res",
                                           model_over=spec))
-    assert prepare_model(bad_cfg, KEY) == folder
+    with pytest.raises(ModelError, match=f"model {KEY}: {folder} has no \\*.safetensors weights"):
+        prepare_model(bad_cfg, KEY)  # caught at preparation, before any cell
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, folder / "model.safetensors")
+    assert prepare_model(bad_cfg, KEY) == folder.resolve()
     with pytest.raises(ModelError) as err:
         load_model(bad_cfg, KEY, device="cpu")
     assert KEY in str(err.value) and str(folder) in str(err.value)

@@ -1,4 +1,5 @@
-# Model preparation: fetch/convert/verify each configured model once.
+# Model preparation: fetch/convert/verify each configured model once, before any cell (hub
+# downloads happen here, never inside a cell job).
 
 
 rule prepare_model:

