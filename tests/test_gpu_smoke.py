@@ -1,0 +1,60 @@
+"""benchmarks/gpu_smoke.py in its CPU mode on the smallest embedded model with tiny sizes: the
+record has every section the GPU run fills, with numbers that mean what they say."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from safetyrepro.hashing import text_hash
+from safetyrepro.models.chat import template_hash
+from workflow_support import DATA, ROOT
+
+pytestmark = pytest.mark.slow  # loads a model (~1 min on 2 cores)
+
+
+
+def test_gpu_smoke_cpu_mode_writes_a_complete_record(tmp_path, default_cfg):
+    from safetyrepro.models import prepare_model
+
+    folder = prepare_model(default_cfg, "smollm2-135m", progress=False)
+    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg["models"] = {"smollm2-135m": cfg["models"]["smollm2-135m"]}
+    cfg["benchmarks"] = {"truthfulqa": {"n_items": 300}}
+    cfg["data"]["local_dir"] = str(DATA)
+    cfg["runtime"].update(resources_dir=str(ROOT / "resources"), results_dir=str(tmp_path / "results"))
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--config", str(path),
+                        "--device", "cpu", "--quantization", "fp32", "--items", "2", "--batch-size", "2",
+                        "--max-new-tokens", "3", "--oom-items", "1", "--profile-steps", "2",
+                        "--extrapolate-items", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = json.loads((tmp_path / "gpu_smoke_cpu_mode.json").read_text())
+    assert rec["measured_on_gpu"] is False and rec["environment"]["device"] == "cpu"
+    m = rec["models"]["smollm2-135m"]
+    assert "error" not in m
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert m["load"]["chat_template_hash"] == template_hash(tok) and m["load"]["quantization"] == "fp32"
+    p = m["t2_prompt"]
+    assert p["prompt_sha256"] == text_hash(p["prompt"]) and p["cell"] == "T2-greedy-k3-freeform"
+    assert p["stop_token_ids"] and len(p["stop_tokens"]) == len(p["stop_token_ids"])
+    assert "<|im_start|>system\n" in p["prompt"]  # T2's role text in the system turn (ChatML)
+    g = m["t4_k5_group"]
+    assert g["group"] == [["greedy", 1], ["t0.3", 5], ["t0.7", 5]] and g["n_streams"] == 11
+    assert g["n_sequences"] == 2 * 11 and 0 < g["generated_tokens"] <= 2 * 11 * 3
+    assert g["decode_steps"] >= 1 and g["s_per_decode_step"] > 0 and g["prefill_forwards"] >= 1
+    assert g["peak_rss_mib"] > 0
+    assert m["oom_path"] == {"run": False, "reason": "no GPU: a memory fraction limits CUDA memory only"}
+    shares = m["profile"]["shares_of_wall"]
+    assert set(shares) == {"attention", "matmul", "other_ops", "idle"} and shares["matmul"] > 0
+    x = m["extrapolated_paper_run"]
+    # one benchmark: 4 templates x 3 shots, free-form decode groups and logprob cells
+    assert x["groups"] == 24 and x["decode_s"] > 0 and x["prefill_s"] > 0
+    assert rec["extrapolated_paper_wall_s"] == x["total_s"] == round(x["decode_s"] + x["prefill_s"], 1)
