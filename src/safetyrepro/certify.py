@@ -3,6 +3,10 @@
 Accepted input: CSV or Parquet with columns ``model, benchmark, config, score``, or axis
 columns instead of ``config`` (``--config-cols template,decoding,shots,scoring``: the config
 id is their values joined by '-'). Every problem is reported as a DataError naming the file.
+With axis columns, ``--nominal CONFIG`` adds the nearest reversing configuration per
+benchmark and pair (:mod:`safetyrepro.metrics.reversal`): the fewest axis-column changes from
+CONFIG (a config id, i.e. the axis values joined by '-') to a config where the verdict at
+CONFIG is reversed.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import DataError
-from .metrics import benchmark_summary, pairwise_table
+from .metrics import benchmark_summary, nearest_reversal_table, pairwise_table, reversal_line
 
 REQUIRED = ("model", "benchmark", "score")
 
@@ -25,6 +29,8 @@ class CertifyResult:
     summary: pd.DataFrame
     dropped_configs: dict          # benchmark -> list of config ids dropped as incomplete
     source: str
+    reversal: pd.DataFrame | None = None   # nearest reversing configuration (with --nominal)
+    nominal: str | None = None
 
 
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
@@ -46,7 +52,13 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
     if config_cols:
         df = df.copy()
         df["config"] = df[list(config_cols)].astype(str).agg("-".join, axis=1)
-    df = df[["model", "benchmark", "config", "score"]].copy()
+    axes = [c for c in (config_cols or []) if c not in ("model", "benchmark", "config", "score")]
+    df = df[["model", "benchmark", "config", "score", *axes]].copy()
+    for col in axes:
+        if df[col].isna().any():
+            rows = (df.index[df[col].isna()] + 2).tolist()[:10]
+            raise DataError(path, f"empty axis column '{col}' in row(s) {rows} (row numbers count the header as 1)")
+        df[col] = df[col].astype(str)
     for col in ("model", "benchmark", "config"):
         if df[col].isna().any():
             rows = (df.index[df[col].isna()] + 2).tolist()[:10]
@@ -81,8 +93,24 @@ def incomplete_cells(df: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def nominal_levels(df: pd.DataFrame, nominal: str, axes: list[str], path: str | Path) -> dict[str, str]:
+    """The nominal config's level per axis column: from a row of the table with that config id,
+    else from splitting the id on '-' when that gives one value per axis."""
+    hit = df[df["config"] == nominal]
+    if len(hit):
+        return {a: str(hit.iloc[0][a]) for a in axes}
+    parts = nominal.split("-")
+    if len(parts) == len(axes):
+        return dict(zip(axes, parts))
+    raise DataError(path, f"--nominal {nominal!r} is no config of the table and does not split on '-' into "
+                          f"one value per axis column {axes}")
+
+
 def certify(path: str | Path, config_cols: list[str] | None = None, drop_incomplete: bool = False,
-            tol: float = 0.0) -> CertifyResult:
+            tol: float = 0.0, nominal: str | None = None) -> CertifyResult:
+    if nominal is not None and not config_cols:
+        raise DataError(path, "--nominal needs axis columns (--config-cols template,decoding,shots,scoring): "
+                              "the distance to a reversing config counts axis changes")
     df = read_score_table(path, config_cols)
     missing = incomplete_cells(df)
     dropped: dict = {}
@@ -102,7 +130,12 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
             raise DataError(path, f"benchmark {b!r} has fewer than two models after validation")
     if df.empty:
         raise DataError(path, "no complete configs left")
-    return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path))
+    reversal = None
+    if nominal is not None:
+        axes = list(config_cols)
+        reversal = nearest_reversal_table(df, nominal, axes, tol, nominal_levels=nominal_levels(df, nominal, axes, path))
+    return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path),
+                         reversal, nominal)
 
 
 def to_json(res: CertifyResult) -> str:
@@ -111,6 +144,8 @@ def to_json(res: CertifyResult) -> str:
         "dropped_configs": res.dropped_configs,
         "pairs": json.loads(res.pairs.to_json(orient="records")),
         "benchmarks": json.loads(res.summary.to_json(orient="records")),
+        **({"nominal": res.nominal, "nearest_reversal": json.loads(res.reversal.to_json(orient="records"))}
+           if res.reversal is not None else {}),
     }, indent=2)
 
 
@@ -131,6 +166,12 @@ def to_text(res: CertifyResult) -> str:
     s["orderings"] = s["orderings_reachable"].astype(str) + " of " + s["orderings_possible"].astype(str)
     out.append("")
     out.append("Per benchmark")
+    s["order_change_rate"] = s["order_change_rate"].map("{:.3f}".format)
     out.append(s[["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair", "orderings",
-                  "tied_configs", "tau_r"]].to_string(index=False))
+                  "tied_configs", "tau_r", "order_change_rate"]].to_string(index=False))
+    out.append("(order_change_rate: share of config pairs whose induced model orders differ; not rho_flip)")
+    if res.reversal is not None:
+        out.append("")
+        out.append(f"Nearest reversing configuration from {res.nominal} (fewest axis changes)")
+        out += [reversal_line(r) for r in res.reversal.to_dict("records")]
     return "\n".join(out)

@@ -62,13 +62,16 @@ def certify(
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete",
                                          help="drop configs missing for some model (for every model) instead of failing"),
     tol: float = typer.Option(0.0, "--tol", help="score differences with |d| <= tol count as ties"),
+    nominal: Optional[str] = typer.Option(None, "--nominal",
+                                          help="config id (axis values joined by '-'): report the nearest "
+                                               "reversing configuration from it (needs --config-cols)"),
 ):
     """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table."""
     from .certify import certify as run, to_json, to_text
     from .io import atomic_write_text
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
-    res = run(scores, cols, drop_incomplete, tol)
+    res = run(scores, cols, drop_incomplete, tol, nominal)
     text = to_json(res) if as_json else to_text(res)
     typer.echo(text)
     if out is not None:
@@ -76,6 +79,8 @@ def certify(
         atomic_write_text(out / "pairs.csv", res.pairs.to_csv(index=False))
         atomic_write_text(out / "benchmarks.csv", res.summary.to_csv(index=False))
         atomic_write_text(out / "certify.json", to_json(res))
+        if res.reversal is not None:
+            atomic_write_text(out / "nearest_reversal.csv", res.reversal.to_csv(index=False))
 
 
 @app.command("run-cell")

@@ -24,9 +24,12 @@ rule paper_tables:
         threshold=ANALYSIS["parse_clean_threshold"],
         samples=ANALYSIS["bootstrap_samples"],
         seed=ANALYSIS["bootstrap_seed"],
+        nominal=ANALYSIS["nominal_config"],
+        rules=RUN.rules.path,
     shell:
         '"$PY" -m safetyrepro analyze tables {input} --out-dir {params.out_dir} --threshold {params.threshold}'
-        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed} > {log} 2>&1"
+        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed}"
+        " --nominal-config {params.nominal} --rules {params.rules} > {log} 2>&1"
 
 
 rule variance:
@@ -149,5 +152,7 @@ rule cards:
         ENV
     params:
         out_dir=lambda w, output: os.path.dirname(output[0]),
+        nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance} --out-dir {params.out_dir} > {log} 2>&1'
+        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance} --out-dir {params.out_dir}'
+        " --nominal-config {params.nominal} > {log} 2>&1"

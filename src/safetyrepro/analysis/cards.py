@@ -4,7 +4,8 @@ A card states everything needed to reproduce or judge a reported score: the mode
 weights hash, quantization, device), the envelope (templates with text hashes, decodings,
 shots, scoring paths, parser version), the item subset (hash, id list), the rules stamp and
 code versions, the envelope's score range, rho_flip against every other model and the
-verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict).
+verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict), and the nearest
+reversing configuration from the nominal config (docs/VERDICTS.md).
 
 The per-(model, benchmark) provenance comes from the run (the lead passes it): a mapping
 ``{model: {benchmark: Provenance}}`` or ``{(model, benchmark): Provenance}``, or the path of a
@@ -24,9 +25,9 @@ from ..errors import ConfigError, DataError
 from ..io import atomic_write_text
 from ..metrics import pairwise_table
 from ..provenance import code_version_string
-from .common import load_cell_scores, version_text
+from .common import NOMINAL_CONFIG, load_cell_scores, version_text
 
-CARD_VERSION = 1
+CARD_VERSION = 2
 
 
 class Provenance(TypedDict):
@@ -94,8 +95,23 @@ def _levels(sub: pd.DataFrame, axis: str) -> list[str]:
     return sorted(sub[axis].astype(str).unique())
 
 
+def _reversal_entry(rev: pd.DataFrame | None, benchmark: str, model: str, other: str) -> dict | None:
+    if rev is None:
+        return None
+    a, b = sorted((model, other))
+    r = rev[(rev["benchmark"] == benchmark) & (rev["model_a"] == a) & (rev["model_b"] == b)]
+    if len(r) != 1:
+        raise DataError("nearest_reversal", f"no row for ({benchmark}, {a} vs {b})")
+    r = r.iloc[0]
+    dist = lambda v: None if pd.isna(v) else int(v)  # noqa: E731
+    return {"nominal_config": r["nominal_config"], "reference_config": r["nominal_used"],
+            "leader_at_reference": r["nominal_leader"], "strict_distance": dist(r["strict_distance"]),
+            "strict": r["strict_result"], "significant_distance": dist(r["sig_distance"]),
+            "significant": r["sig_result"], "note": r["note"]}
+
+
 def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFrame,
-               prov: Mapping, meta: dict) -> dict:
+               prov: Mapping, meta: dict, reversal: pd.DataFrame | None = None) -> dict:
     sub = cells[(cells["model"] == model) & (cells["benchmark"] == benchmark)]
     if sub.empty:
         raise DataError("cell_scores", f"no cells for ({model}, {benchmark})")
@@ -125,7 +141,8 @@ def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFr
                       "n_tied": int(r.n_zero), "n_configs": int(r.n_configs), "rho_flip": float(r.rho_flip),
                       "ceiling": float(r.ceiling), "saturated": bool(r.saturated), "d1": bool(r.d1),
                       "d2": bool(r.d2), "verdict": verdict(model, other, int(n_plus), int(n_minus),
-                                                            int(r.n_zero), float(r.rho_flip))})
+                                                            int(r.n_zero), float(r.rho_flip)),
+                      "nearest_reversal": _reversal_entry(reversal, benchmark, model, other)})
     comps.sort(key=lambda c: c["other"])
     n_items = sorted(int(x) for x in sub["n_items"].unique()) if "n_items" in sub else []
     return {
@@ -181,6 +198,20 @@ def card_markdown(card: dict) -> str:
                      f"{c['verdict']} |")
     if not card["comparisons"]:
         lines.append("| (no other model on this benchmark) | | | | | | | | |")
+    revs = [(c["other"], c.get("nearest_reversal")) for c in card["comparisons"] if c.get("nearest_reversal")]
+    if revs:
+        lines += ["", "## Nearest reversing configuration", "",
+                  "Fewest axis changes from the nominal config to a config where the verdict reverses "
+                  "(docs/VERDICTS.md).", ""]
+        for other, r in revs:
+            if not r["reference_config"]:
+                lines.append(f"- vs {other}: {r['note']}")
+                continue
+            ref = r["reference_config"] + ("" if r["reference_config"] == r["nominal_config"]
+                                           else f" (standing in for {r['nominal_config']})")
+            lead = r["leader_at_reference"]
+            lines.append(f"- vs {other}: {'tied' if lead == 'tie' else lead + ' ahead'} at {ref}; "
+                         f"strict reversal: {r['strict']}; significant reversal: {r['significant']}")
     return "\n".join(lines) + "\n"
 
 
@@ -188,22 +219,26 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
 
 
-def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict) -> list[dict]:
+def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict,
+                nominal: str = NOMINAL_CONFIG) -> list[dict]:
+    from .tables import nearest_reversal
+
     prov = load_provenance(provenance)
     pairs = pairwise_table(cells)
+    reversal = nearest_reversal(cells, nominal)
     cards = []
     for m, b in sorted(set(zip(cells["model"], cells["benchmark"]))):
         if (m, b) not in prov:
             raise ConfigError("provenance", f"{m}.{b}", "no provenance record for this (model, benchmark)")
-        cards.append(build_card(m, b, cells, pairs, prov[(m, b)], meta))
+        cards.append(build_card(m, b, cells, pairs, prov[(m, b)], meta, reversal))
     return cards
 
 
 def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
-                out_dir: str | Path) -> dict[str, Path]:
+                out_dir: str | Path, nominal: str = NOMINAL_CONFIG) -> dict[str, Path]:
     """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``."""
     cs = load_cell_scores(cell_scores_path)
-    cards = build_cards(cs.df, provenance, cs.meta)  # everything computed before anything is written
+    cards = build_cards(cs.df, provenance, cs.meta, nominal)  # everything computed before anything is written
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []
@@ -218,6 +253,6 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     atomic_write_text(out_dir / "index.json", json.dumps(
         {"source": str(cs.path), "rules_stamp": cs.meta["rules_stamp"], "config_hash": cs.meta["config_hash"],
          "code_version": cs.meta["code_version"], "analysis_code_version": code_version_string(),
-         "dropped_incomplete_configs": cs.dropped, "cards": index}, indent=2) + "\n")
+         "dropped_incomplete_configs": cs.dropped, "nominal_config": nominal, "cards": index}, indent=2) + "\n")
     paths["index"] = out_dir / "index.json"
     return paths

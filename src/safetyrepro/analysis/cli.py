@@ -28,12 +28,17 @@ def register(app: typer.Typer) -> None:
                threshold: float = typer.Option(0.95, "--threshold", help="parse-clean minimum parse rate"),
                bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
                bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
-               tol: float = typer.Option(0.0, "--tol", help="|score difference| <= tol is a tie")):
-        """Tables 2-4, parse-clean, tau_R and the bootstrap intervals."""
+               tol: float = typer.Option(0.0, "--tol", help="|score difference| <= tol is a tie"),
+               nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config",
+                                                  help="the nominal config of the nearest reversing configuration"),
+               rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)")):
+        """Tables 2-4, parse-clean, tau_R with the total-order change rate, the bootstrap
+        intervals and the nearest reversing configuration."""
         from .tables import write_paper_tables
 
         _echo_paths(write_paper_tables(cell_scores, out_dir, threshold=threshold,
-                                       bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol))
+                                       bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol,
+                                       rules_path=rules, nominal=nominal_config))
 
     @analyze.command("variance")
     def variance(cell_scores: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir"),
@@ -78,11 +83,13 @@ def register(app: typer.Typer) -> None:
     @analyze.command("cards")
     def cards(cell_scores: Path = typer.Argument(...),
               provenance: Path = typer.Option(..., "--provenance", help="JSON/YAML {model: {benchmark: record}}"),
-              out_dir: Path = typer.Option(..., "--out-dir")):
+              out_dir: Path = typer.Option(..., "--out-dir"),
+              nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config",
+                                                 help="the nominal config of the nearest reversing configuration")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
-        _echo_paths(write_cards(cell_scores, provenance, out_dir))
+        _echo_paths(write_cards(cell_scores, provenance, out_dir, nominal=nominal_config))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):

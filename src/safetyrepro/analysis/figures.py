@@ -1,7 +1,7 @@
 """Figures of the report, drawn from the analysis tables (matplotlib, Agg backend).
 
 * ``rho_heatmap.png``: rho_flip per benchmark (rows) and model pair (columns) plus the max.
-* ``orderings.png``: orderings reachable (of n!) and max rho_flip, full vs core envelope.
+* ``orderings.png``: orderings reachable (of n!) and max rho_flip on Table 4's envelopes.
 * ``anova_shares.png``: stacked shares of total SS per benchmark (free-form ANOVA).
 * ``shap_summary.png``: SHAP share per axis for the score regressor and each pair's sign
   classifier, per benchmark.
@@ -85,7 +85,7 @@ def rho_heatmap(t2: pd.DataFrame, meta: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(1.3 * mat.shape[1] + 2.5, 0.55 * mat.shape[0] + 1.8))
     im = _annotated_heatmap(ax, mat, 0.0, 0.5, "viridis", "{:.3f}")
     fig.colorbar(im, ax=ax, label="rho_flip (ceiling 0.5)")
-    ax.set_title("Verdict-flip rate rho_flip over the full envelope")
+    ax.set_title("rho_flip = min(N+, N-)/|C| per model pair over the full envelope")
     ax.set_xlabel("model pair")
     ax.set_ylabel("benchmark")
     fig.tight_layout()
@@ -97,11 +97,12 @@ def rho_heatmap(t2: pd.DataFrame, meta: dict, path: Path) -> Path:
 def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
     plt = _plt()
     benches = sorted(t4["benchmark"].unique())
-    envs = [e for e in ("full", "core") if e in set(t4["envelope"])]
+    envs = list(dict.fromkeys(t4["envelope"]))
     x = np.arange(len(benches))
     w = 0.8 / len(envs)
-    colors = {"full": "#4477aa", "core": "#ee7733"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    palette = ["#4477aa", "#ee7733", "#228833", "#ccbb44", "#aa3377", "#66ccee", "#bbbbbb"]
+    colors = {e: palette[i % len(palette)] for i, e in enumerate(envs)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     possible = int(t4["orderings_possible"].max())
     for k, e in enumerate(envs):
         sub = t4[t4["envelope"] == e].set_index("benchmark").reindex(benches)
@@ -113,8 +114,9 @@ def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
                 text = "n/a" if not np.isfinite(v) else (f"{v:.0f}" if col == "orderings_reachable" else f"{v:.2f}")
                 low = not np.isfinite(v) or v < 0.12 * top
                 ax.text(bar.get_x() + bar.get_width() / 2, (v if np.isfinite(v) else 0) + 0.01 * top if low
-                        else v / 2, text, ha="center", va="bottom" if low else "center", fontsize=8,
-                        color="black" if low else "white")
+                        else v / 2, text, ha="center", va="bottom" if low else "center",
+                        fontsize=8 if len(envs) <= 2 else 6, color="black" if low else "white",
+                        rotation=0 if len(envs) <= 2 else 90)
     axes[0].axhline(possible, color="grey", ls="--", lw=1)
     axes[0].text(len(benches) - 0.5, possible, f"all {possible} orders", va="bottom", ha="right",
                  fontsize=8, color="grey")
@@ -125,13 +127,13 @@ def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
     axes[1].text(len(benches) - 0.5, 0.5, "ceiling 0.5", va="bottom", ha="right", fontsize=8, color="grey")
     axes[1].set_ylim(0, 0.56)
     axes[1].set_ylabel("max rho_flip over pairs")
-    axes[1].set_title("Largest pairwise flip rate")
+    axes[1].set_title("Largest rho_flip over model pairs")
     for ax in axes:
         ax.set_xticks(x, labels=benches, rotation=20, ha="right")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.tight_layout()
-    fig.legend(handles, labels, loc="lower center", ncol=len(envs), fontsize=9, frameon=False,
-               bbox_to_anchor=(0.5, -0.06))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(envs), 5), fontsize=9, frameon=False,
+               bbox_to_anchor=(0.5, -0.08))
     out = _save(fig, path, meta)
     plt.close(fig)
     return out

@@ -15,10 +15,12 @@ import pandas as pd
 
 from ..io import atomic_write_text
 from ..provenance import code_version_string
+from ..metrics import reversal_line
 from .common import read_table, version_text
 
 
-REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "subsample_stability",
+REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal",
+                 "subsample_stability",
                  "precision", "anova", "shap", "robustness", "robustness_regression")
 
 
@@ -97,12 +99,12 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
         "matched_to_logprob_decoding": "matched to logprob"})))
 
-    out += ["", "## Table 4: tier ablation (full vs core envelope)", ""]
+    out += ["", "## Table 4: envelopes (full, core, full minus T4, full minus T=0.7, conservative core)", ""]
     out.append(section("table4", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "max_rho_flip": "max rho_flip",
         "max_pair": "pair", "orderings_reachable": "orderings reachable", "orderings_possible": "of",
-        "tied_configs": "configs with ties"})))
-    out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable, full vs core"), ""]
+        "tied_configs": "configs with ties", "note": "note"})))
+    out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable per envelope"), ""]
 
     out += ["## Parse-clean recomputation", ""]
     out.append(section("parse_clean", lambda d: md_table(d, {
@@ -110,15 +112,32 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "n_configs_left": "|C| left", "max_rho_flip": "max rho_flip", "max_pair": "pair",
         "orderings_reachable": "orderings", "max_rho_flip_full": "max rho_flip (full)", "note": "note"})))
 
-    out += ["", "## tau_R (mean Kendall tau-b between config rankings)", ""]
+    out += ["", "## tau_R and the total-order change rate", "",
+            "tau_R: mean Kendall tau-b between the model rankings of two configs, over all config pairs. "
+            "Total-order change rate: share of config pairs whose induced orders of the models differ "
+            "(the paper's total-order \"flip rate\"; a property of the whole ranking, not rho_flip); "
+            "under independent uniform scores it is 1 - 1/n! (column `null`).", ""]
     out.append(section("tau_r", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "tau_r": "tau_R",
-        "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined"})))
+        "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined",
+        "order_change_rate": "total-order change rate", "order_change_null": "null"})))
 
     out += ["", "## Bootstrap over configurations (percentile 95% intervals)", ""]
     out.append(section("bootstrap", lambda d: md_table(d, {
         "benchmark": "benchmark", "statistic": "rho_flip of", "n_configs": "|C|", "estimate": "estimate",
         "ci_low": "2.5%", "ci_high": "97.5%", "samples": "B", "seed": "seed"})))
+
+    out += ["", "## Nearest reversing configuration", "",
+            "Fewest axis changes (template, decoding, shots, scoring) from the nominal config to a valid config "
+            "of the envelope where the other model is strictly (or significantly) ahead; docs/VERDICTS.md.", ""]
+    out.append(section("nearest_reversal", lambda d: "\n".join(
+        f"- {reversal_line(r)}" for r in d.to_dict("records"))))
+    out += [""]
+    out.append(section("nearest_reversal", lambda d: md_table(d, {
+        "benchmark": "benchmark", "pair": "pair", "nominal_used": "reference config", "nominal_leader": "ahead there",
+        "strict_distance": "strict: axis changes", "strict_configs": "config(s)", "strict_axes": "axes",
+        "n_strict_reversing": "configs reversing", "sig_distance": "significant: axis changes",
+        "sig_configs": "config(s)"})))
 
     out += ["", "## Stratified item subsamples", ""]
     out.append(section("subsample_stability", lambda d: md_table(d, {

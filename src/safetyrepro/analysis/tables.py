@@ -7,11 +7,17 @@
   decoding; ``logprob`` exists only under greedy (validity rule ``logprob-greedy-only``), so the
   two slices are NOT matched on decoding support. ``freeform_greedy`` is the free-form slice
   restricted to greedy decoding, the slice that is matched to logprob on decoding support.
-* Table 4 (:func:`table4`): tier ablation, full vs core envelope (core = every axis at a
-  core-tier level): max rho_flip and orderings reachable.
+* Table 4 (:func:`table4`): max rho_flip and orderings reachable on the paper's envelopes:
+  the full envelope, the core (every axis at a core-tier level), the full envelope minus each
+  stress level on its own (T4, T=0.7) and the ``conservative_core`` sub-envelope, all read
+  from the envelope rules (:func:`table4_envelopes`).
 * Parse-clean (:func:`parse_clean`): only configs where every model's parse rate is at least
   the threshold.
-* tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope.
+* tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope, with the
+  total-order change rate beside it (:mod:`safetyrepro.metrics.order_change`; not rho_flip).
+* Nearest reversing configuration (:func:`nearest_reversal`): per benchmark and pair, the
+  fewest axis changes from the nominal config to a reversed verdict
+  (:mod:`safetyrepro.metrics.reversal`).
 * Bootstrap (:func:`bootstrap_rho`): configs resampled with replacement within a benchmark
   (|C| draws), rho_flip recomputed per pair and their max; percentile interval (2.5, 97.5;
   numpy's linear interpolation) around the point estimate on the observed configs.
@@ -23,6 +29,7 @@ missing a cell for some model are dropped before any table (recorded in the meta
 from __future__ import annotations
 
 import itertools
+import math
 import zlib
 from pathlib import Path
 
@@ -30,8 +37,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..metrics import benchmark_summary, orderings, pairwise_table, rho_flip, score_matrix, sign_counts
-from .common import load_cell_scores, output_metadata, pair_label, write_tables
+from ..metrics import (benchmark_summary, nearest_reversal_table, orderings, pairwise_table, rho_flip,
+                       score_matrix, sign_counts)
+from ..rules import Rules, load_rules
+from .common import (AXES, NOMINAL_CONFIG, check_rules_file, load_cell_scores, output_metadata, pair_label,
+                      write_tables)
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
 SLICES = {
@@ -114,19 +124,68 @@ def _summary_rows(df: pd.DataFrame, label_col: str, label: str, tol: float, with
     return s
 
 
-def _sort_envelopes(out: pd.DataFrame) -> pd.DataFrame:
-    rank = out["envelope"].map({"full": 0, "core": 1})
+def _sort_envelopes(out: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    order = order or ["full", "core"]
+    rank = out["envelope"].map({e: i for i, e in enumerate(order)})
     return out.assign(_r=rank).sort_values(["benchmark", "_r"]).drop(columns="_r").reset_index(drop=True)
 
 
-def table4(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
-    keep = ["benchmark", "envelope", "n_configs", "max_rho_flip", "max_pair",
-            "orderings_reachable", "orderings_possible", "tied_configs"]
-    parts = [_summary_rows(df, "envelope", "full", tol)]
-    core = df[df["core"]]
-    if not core.empty:
-        parts.append(_summary_rows(core, "envelope", "core", tol))
-    return _sort_envelopes(pd.concat(parts, ignore_index=True)[keep])
+def table4_envelopes(rules: Rules) -> list[tuple[str, str, callable]]:
+    """(label, description, predicate on a config's axis levels) for Table 4's rows, in order:
+    full, core, full minus each stress-tier level (one at a time), then every other named
+    sub-envelope of the rules (``conservative_core``)."""
+    envs = [("full", "every valid config", lambda lv: True)]
+    if "core" in rules.sub_envelope_names:
+        envs.append(("core", rules.sub_envelope("core").get("description", "core"),
+                     lambda lv: rules.in_sub_envelope("core", lv)))
+    for axis in AXES:
+        for level in rules.levels(axis):
+            if level["tier"] == "stress":
+                envs.append((f"full minus {level['id']}", f"every valid config except {axis} {level['id']}",
+                             lambda lv, a=axis, i=level["id"]: lv[a] != i))
+    for name in rules.sub_envelope_names:
+        if name not in ("full", "core"):
+            envs.append((name, " ".join(str(rules.sub_envelope(name).get("description", name)).split()),
+                         lambda lv, n=name: rules.in_sub_envelope(n, lv)))
+    return envs
+
+
+TABLE4_COLUMNS = ["benchmark", "envelope", "n_configs", "max_rho_flip", "max_pair", "orderings_reachable",
+                  "orderings_possible", "tied_configs", "envelope_definition", "note"]
+
+
+def table4(df: pd.DataFrame, tol: float = 0.0, rules: Rules | None = None) -> pd.DataFrame:
+    """Table 4 as the paper has it: one row per benchmark and envelope of
+    :func:`table4_envelopes` (``rules`` default: the project's envelope rules). A benchmark
+    with no config in an envelope (CrowS-Pairs in the free-form-only conservative core) gets
+    a row with |C| = 0, no values and a note."""
+    rules = rules or load_rules()
+    envs = table4_envelopes(rules)
+    levels = df[list(AXES)].astype(str).to_dict("records")
+    benches = sorted(df["benchmark"].unique())
+    n_models = df.groupby("benchmark")["model"].nunique()
+    parts = []
+    for label, desc, pred in envs:
+        mask = np.fromiter((pred(lv) for lv in levels), dtype=bool, count=len(levels))
+        sub = df[mask]
+        s = flip_summary(sub, tol) if not sub.empty else pd.DataFrame(columns=FLIP_SUMMARY_COLUMNS)
+        s = s.set_index("benchmark").reindex(benches).reset_index()
+        empty = s["n_configs"].isna().to_numpy()
+        if empty.any():
+            s = s.astype({"max_pair": object})
+            for i in np.flatnonzero(empty):
+                s.loc[i, ["n_configs", "orderings_reachable", "tied_configs"]] = 0
+                s.loc[i, "max_pair"] = ""
+                s.loc[i, "orderings_possible"] = math.factorial(int(n_models[s.loc[i, "benchmark"]]))
+        s["note"] = np.where(empty, "no config of this benchmark in this envelope", "")
+        s.insert(1, "envelope", label)
+        s["envelope_definition"] = desc
+        parts.append(s)
+    out = pd.concat(parts, ignore_index=True)[TABLE4_COLUMNS]
+    for col in ("n_configs", "orderings_reachable", "orderings_possible", "tied_configs"):
+        out[col] = out[col].astype(int)
+    out["max_rho_flip"] = out["max_rho_flip"].astype(float)
+    return _sort_envelopes(out, [e[0] for e in envs])
 
 
 def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> pd.DataFrame:
@@ -159,7 +218,8 @@ def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> 
 
 
 def tau_r_table(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
-    keep = ["benchmark", "envelope", "n_configs", "tau_r", "tau_pairs_used", "tau_pairs_undefined"]
+    keep = ["benchmark", "envelope", "n_configs", "tau_r", "tau_pairs_used", "tau_pairs_undefined",
+            "order_change_rate", "order_change_null"]
     parts = [_summary_rows(df, "envelope", "full", tol, with_tau=True)]
     if df["core"].any():
         parts.append(_summary_rows(df[df["core"]], "envelope", "core", tol, with_tau=True))
@@ -204,27 +264,49 @@ def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: flo
                                        "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
 
 
+def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float = 0.0,
+                     sig_signs=None) -> pd.DataFrame:
+    """The nearest reversing configuration per benchmark and pair over the full envelope
+    (:func:`safetyrepro.metrics.reversal.nearest_reversal_table`); ``sig_signs`` from the
+    item-level significance analysis, or None (the significant part then says it was not
+    computed)."""
+    from ..grid import Config
+
+    try:
+        nominal_levels = Config.parse(nominal).levels()
+    except ValueError as exc:
+        raise ValueError(f"analysis.nominal_config: {exc}") from None
+    return nearest_reversal_table(df, nominal, AXES, tol, sig_signs=sig_signs, nominal_levels=nominal_levels)
+
+
 def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples: int = 1000,
-                 bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False) -> dict[str, pd.DataFrame]:
+                 bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False,
+                 rules: Rules | None = None, nominal: str = NOMINAL_CONFIG) -> dict[str, pd.DataFrame]:
     return {
         "table2": table2(df, tol),
         "table3": table3(df, tol),
-        "table4": table4(df, tol),
+        "table4": table4(df, tol, rules),
         "parse_clean": parse_clean(df, threshold, tol),
         "tau_r": tau_r_table(df, tol),
         "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress),
+        "nearest_reversal": nearest_reversal(df, nominal, tol),
     }
 
 
 def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, threshold: float = 0.95,
                        bootstrap_samples: int = 1000, bootstrap_seed: int = 0,
-                       tol: float = 0.0) -> dict[str, Path]:
+                       tol: float = 0.0, rules_path: str | Path | None = None,
+                       nominal: str = NOMINAL_CONFIG) -> dict[str, Path]:
     """Compute every paper table from ``cell_scores.parquet`` and write each as
-    ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs)."""
+    ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs).
+    ``rules_path``: the envelope rules the run used (default config/envelope.yaml), for
+    Table 4's envelopes; its stamp must match the table's."""
     cs = load_cell_scores(cell_scores_path)
+    rules = load_rules(rules_path)
+    check_rules_file(rules, cs.path, cs.meta)
     params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
-              "bootstrap_seed": bootstrap_seed, "tol": tol}
+              "bootstrap_seed": bootstrap_seed, "tol": tol, "nominal_config": nominal, "rules": rules.path}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
-                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True)
+                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules, nominal=nominal)
     return write_tables(tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))

@@ -11,12 +11,13 @@ import itertools
 import pandas as pd
 
 from .flips import orderings, pair_stats, tau_r
+from .order_change import order_change_rate
 
 PAIR_COLUMNS = ["benchmark", "model_a", "model_b", "n_plus", "n_minus", "n_zero", "n_configs",
                 "rho_flip", "ceiling", "saturated", "d1", "d2"]
 SUMMARY_COLUMNS = ["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair",
                    "orderings_reachable", "orderings_possible", "tied_configs", "tau_r",
-                   "tau_pairs_used", "tau_pairs_undefined"]
+                   "tau_pairs_used", "tau_pairs_undefined", "order_change_rate", "order_change_null"]
 
 
 def score_matrix(df: pd.DataFrame, benchmark: str, configs=None) -> pd.DataFrame:
@@ -50,6 +51,8 @@ def benchmark_summary(df: pd.DataFrame, configs=None, tol: float = 0.0) -> pd.Da
         cols = {m: mat[m].to_numpy() for m in mat.columns}
         ords = orderings(cols, tol)
         tau = tau_r(cols)
+        change = order_change_rate(cols, tol) if len(cols) > 1 else {"order_change_rate": float("nan"),
+                                                                     "null_rate": float("nan")}
         pb = pairs[pairs["benchmark"] == b]
         if len(pb):
             best = pb.loc[pb["rho_flip"].idxmax()]
@@ -60,5 +63,6 @@ def benchmark_summary(df: pd.DataFrame, configs=None, tol: float = 0.0) -> pd.Da
                      "max_rho_flip": max_rho, "max_pair": max_pair,
                      "orderings_reachable": ords["reachable"], "orderings_possible": ords["possible"],
                      "tied_configs": ords["tied_configs"], "tau_r": tau["tau_r"],
-                     "tau_pairs_used": tau["pairs_used"], "tau_pairs_undefined": tau["pairs_undefined"]})
+                     "tau_pairs_used": tau["pairs_used"], "tau_pairs_undefined": tau["pairs_undefined"],
+                     "order_change_rate": change["order_change_rate"], "order_change_null": change["null_rate"]})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
