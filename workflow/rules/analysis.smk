@@ -94,6 +94,12 @@ rule subsample_stability:
             category="Robustness",
         ),
         f"{TABLES}/subsample_cells.parquet",
+        f"{TABLES}/subsample_rho_flip.parquet",
+        report(
+            f"{TABLES}/subsample_rho_flip.csv",
+            caption="../report/subsample_rho_flip.rst",
+            category="Robustness",
+        ),
     log:
         f"{RESULTS}/logs/subsample_stability.log",
     conda:

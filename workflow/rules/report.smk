@@ -42,7 +42,7 @@ rule report_md:
         tables=[
             f"{TABLES}/{t}.parquet"
             for t in PAPER_TABLES
-            + ["anova", "shap", "robustness", "subsample_stability"]
+            + ["anova", "shap", "robustness", "subsample_stability", "subsample_rho_flip"]
         ],
         figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],
     output:

@@ -20,7 +20,7 @@ from .common import read_table, version_text
 
 
 REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal",
-                 "subsample_stability",
+                 "subsample_stability", "subsample_rho_flip",
                  "precision", "anova", "shap", "robustness", "robustness_regression")
 
 
@@ -144,7 +144,20 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "benchmark": "benchmark", "fraction": "fraction", "repeats": "repeats", "n_cells": "cells",
         "range_median": "median cell range", "range_max": "max cell range", "n_core_configs": "core configs",
         "ordering_change_rate": "ordering changed (share of config x repeat)",
-        "configs_changed_any": "configs ever changed"})))
+        "configs_changed_any": "configs ever changed", "n_configs": "|C|",
+        "max_rho_flip_all_items": "max rho_flip (all items)", "max_rho_flip_sub_min": "min over repeats",
+        "max_rho_flip_sub_median": "median", "max_rho_flip_sub_max": "max"})))
+    out += ["", "rho_flip per pair on the subsamples (distribution over repeats; full envelope):", ""]
+
+    def sub_rho(d: pd.DataFrame) -> str:
+        g = d.groupby(["benchmark", "statistic"], sort=True)["rho_flip"]
+        t = pd.DataFrame({"min": g.min(), "median": g.median(), "max": g.max(), "repeats": g.size()}).reset_index()
+        t = t.merge(d.drop_duplicates(["benchmark", "statistic"])[["benchmark", "statistic", "rho_flip_all_items"]],
+                    on=["benchmark", "statistic"])
+        return md_table(t, {"benchmark": "benchmark", "statistic": "rho_flip of", "rho_flip_all_items": "all items",
+                            "min": "min", "median": "median", "max": "max", "repeats": "repeats"})
+
+    out.append(section("subsample_rho_flip", sub_rho))
 
     out += ["", "## BF16 vs NF4 (conservative_core)", ""]
     out.append(section("precision", lambda d: md_table(d, {

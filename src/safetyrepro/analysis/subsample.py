@@ -12,7 +12,12 @@ on the subsample). Reported per benchmark:
 * on the core configs: how often the induced model ordering (weak ranks: ties count as an
   ordering of their own) differs from the all-items ordering, over config x repeat, how many
   configs change in at least one repeat, and the orderings reachable (strict orders, metric
-  core) with all items vs the min/max over repeats.
+  core) with all items vs the min/max over repeats;
+* rho_flip recomputed on every subsample, per model pair and its max over pairs, over the
+  benchmark's full envelope (every config that every model has): ``subsample_rho_flip`` holds
+  one row per (benchmark, pair or "max", repeat), so its distribution over repeats can be
+  read directly, and the summary gives the max's value with all items and its min / median /
+  max over repeats.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from tqdm import tqdm
 
 from ..errors import DataError
 from ..grid import Config, is_core
-from ..metrics import orderings
+from ..metrics import orderings, rho_flip, sign_counts
 from ..rules import load_rules
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
@@ -33,7 +38,11 @@ from .common import (check_rules_file, load_item_results, output_metadata, weak_
 SUMMARY_COLUMNS = ["benchmark", "fraction", "repeats", "seed", "n_items", "n_items_sub", "n_cells",
                    "range_median", "range_max", "abs_dev_max", "n_core_configs", "ordering_changes",
                    "ordering_change_rate", "configs_changed_any", "orderings_reachable_full",
-                   "orderings_reachable_sub_min", "orderings_reachable_sub_max"]
+                   "orderings_reachable_sub_min", "orderings_reachable_sub_max", "n_configs",
+                   "max_rho_flip_all_items", "max_rho_flip_sub_min", "max_rho_flip_sub_median",
+                   "max_rho_flip_sub_max"]
+RHO_COLUMNS = ["benchmark", "statistic", "model_a", "model_b", "repeat", "seed", "n_configs", "rho_flip",
+               "rho_flip_all_items"]
 CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "score_sub_median",
                 "score_sub_min", "score_sub_max", "range"]
 
@@ -77,19 +86,27 @@ def _reachable(scores: pd.Series, configs: list[str], models: list[str], tol: fl
     return orderings({m: mat[m].to_numpy() for m in models}, tol)["reachable"]
 
 
+def _rho_flips(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> dict[tuple[str, str], float]:
+    """(A, B) -> rho_flip over ``configs`` for every model pair A < B."""
+    mat = scores.unstack("model").reindex(index=configs, columns=models)
+    return {(a, b): rho_flip(sign_counts(mat[a].to_numpy(), mat[b].to_numpy(), tol))
+            for i, a in enumerate(models) for b in models[i + 1:]}
+
+
 def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
                         fraction: float = 0.8, repeats: int = 20, seed: int = 0, tol: float = 0.0,
                         strata_col: str = "stratum", progress: bool = False
-                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-benchmark summary, per-cell ranges). ``core``: set of (benchmark, config) core configs;
-    ``items``: benchmark -> canonical item table (with ``item_id`` and ``strata_col``)."""
+                        ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per-benchmark summary, per-cell ranges, per-repeat rho_flip). ``core``: set of
+    (benchmark, config) core configs; ``items``: benchmark -> canonical item table (with
+    ``item_id`` and ``strata_col``)."""
     from ..items.subsample import stratified_subsample
 
     if not 0 < fraction <= 1:
         raise ValueError("fraction must be in (0, 1]")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    summary, cells = [], []
+    summary, cells, rhos = [], [], []
     for b in sorted(results["benchmark"].unique()):
         if b not in items:
             raise DataError("items", f"no item table for benchmark {b!r}")
@@ -99,6 +116,10 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
         models = sorted(full.index.get_level_values("model").unique())
         configs = sorted(full.index.get_level_values("config").unique())
         core_cfgs = [c for c in configs if (b, c) in core]
+        have = full.groupby(level="config").size()
+        env_cfgs = [c for c in configs if have.get(c, 0) == len(models)]  # complete configs only
+        full_rho = _rho_flips(full, env_cfgs, models, tol) if env_cfgs and len(models) > 1 else {}
+        rep_max = []
         full_orders = _orders(full, core_cfgs, models, tol)
         subs, n_sub, changes, changed = [], [], 0, set()
         reach = []
@@ -114,6 +135,16 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
                     changes += 1
                     changed.add(c)
             reach.append(_reachable(s, core_cfgs, models, tol))
+            if full_rho:
+                rep = _rho_flips(s, env_cfgs, models, tol)
+                for (a, m2), v in rep.items():
+                    rhos.append({"benchmark": b, "statistic": f"{a} vs {m2}", "model_a": a, "model_b": m2,
+                                 "repeat": r, "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": v,
+                                 "rho_flip_all_items": full_rho[(a, m2)]})
+                rep_max.append(max(rep.values()))
+                rhos.append({"benchmark": b, "statistic": "max", "model_a": "", "model_b": "", "repeat": r,
+                             "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": rep_max[-1],
+                             "rho_flip_all_items": max(full_rho.values())})
         table = pd.concat(subs, axis=1, keys=range(repeats))
         rng = table.max(axis=1) - table.min(axis=1)
         dev = table.sub(full, axis=0).abs().max(axis=1)
@@ -132,8 +163,14 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             "ordering_change_rate": changes / n_pairs if n_pairs else float("nan"),
             "configs_changed_any": len(changed),
             "orderings_reachable_full": _reachable(full, core_cfgs, models, tol),
-            "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach))})
-    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS)
+            "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach)),
+            "n_configs": len(env_cfgs),
+            "max_rho_flip_all_items": max(full_rho.values()) if full_rho else float("nan"),
+            "max_rho_flip_sub_min": float(np.min(rep_max)) if rep_max else float("nan"),
+            "max_rho_flip_sub_median": float(np.median(rep_max)) if rep_max else float("nan"),
+            "max_rho_flip_sub_max": float(np.max(rep_max)) if rep_max else float("nan")})
+    return (pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS),
+            pd.DataFrame(rhos, columns=RHO_COLUMNS))
 
 
 def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
@@ -154,7 +191,8 @@ def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
 def write_subsample_stability(item_results_path: str | Path, items_dir: str | Path, out_dir: str | Path,
                               fraction: float = 0.8, repeats: int = 20, seed: int = 0, *,
                               rules_path: str | Path | None = None, tol: float = 0.0) -> dict[str, Path]:
-    """``subsample_stability`` (per benchmark) and ``subsample_cells`` (per cell) tables."""
+    """``subsample_stability`` (per benchmark), ``subsample_cells`` (per cell) and
+    ``subsample_rho_flip`` (per benchmark, pair and repeat) tables."""
     path = Path(item_results_path)
     results, meta = load_item_results(path, ["model", "benchmark", "config", "seed", "item_id", "correct"])
     rules = load_rules(rules_path)
@@ -163,8 +201,9 @@ def write_subsample_stability(item_results_path: str | Path, items_dir: str | Pa
     items = {b: read_item_table(items_dir, b) for b in benches}
     core = {(b, c) for b, c in set(zip(results["benchmark"], results["config"]))
             if is_core(rules, Config.parse(c))}
-    summary, cells = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True)
+    summary, cells, rhos = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True)
     params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,
               "seeds_used": f"{seed}..{seed + repeats - 1}", "items_dir": str(items_dir)}
-    return write_tables({"subsample_stability": summary, "subsample_cells": cells}, out_dir,
+    return write_tables({"subsample_stability": summary, "subsample_cells": cells, "subsample_rho_flip": rhos},
+                        out_dir,
                         lambda name: output_metadata(name, [(path, meta)], params))
