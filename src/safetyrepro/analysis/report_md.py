@@ -196,12 +196,14 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
 
     out += ["## Robustness as task competence (free-form envelope)", "",
             "Consistency: share of items with the identical parsed answer in every config (seed 0; a parse "
-            "failure anywhere counts as inconsistent). Baseline: the same under independent configs with the "
-            "observed per-config accuracies and uniform wrong answers. Drop rate: mean (nominal - config) / "
+            "failure anywhere counts as inconsistent). Random baseline (Ashury-Tahan et al. 2026): the same if "
+            "each config independently succeeded with probability p = the model's overall performance over the "
+            "envelope, a success picking one of the item's correct answers and a failure one of its wrong answers "
+            "uniformly (XSTest unsafe prompts have two correct answers, refuse and partial). Drop rate: mean (nominal - config) / "
             "nominal over the other configs.", ""]
     out.append(section("robustness", lambda d: md_table(d, {
         "model": "model", "benchmark": "benchmark", "n_configs": "configs", "n_items": "items",
-        "consistency": "consistency", "baseline": "random baseline", "score_mean": "mean score",
+        "consistency": "consistency", "performance": "p", "baseline": "random baseline", "score_mean": "mean score",
         "score_sd": "SD", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
         "share_below_nominal": "share below nominal"})))
     out += [""]
