@@ -41,6 +41,7 @@ def run(tmp_path_factory):
         ["analyze", "variance", cs, "--out-dir", str(tables)],
         ["analyze", "robustness", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
         ["analyze", "subsample", ir, "--items-dir", items, "--out-dir", str(tables), "--repeats", "5"],
+        ["analyze", "bbq-bias", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
         ["analyze", "precision", cs, str(bf["cell_scores"]), "--out-dir", str(tables)],
         ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards)],
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
@@ -52,7 +53,8 @@ def run(tmp_path_factory):
     return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards}
 
 
-EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 10, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
+EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 5 * 5, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
+                 "nearest_reversal": 15, "subsample_rho_flip": 5 * 4 * 5, "bbq_bias": 3 * 48, "bbq_bias_summary": 3,
                  "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 12, "robustness_regression": 1,
                  "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 5,
                  "precision_cells": 3 * 4 * 4}
@@ -89,6 +91,20 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     for b in core.index:
         assert t4.loc[(b, "core"), "orderings_reachable"] == core.loc[b, "orderings_reachable"]
         assert t4.loc[(b, "core"), "n_configs"] == (9 if b == "crows_pairs" else 27)
+        # full minus T4: 3 of 4 templates; full minus t0.7: free-form loses 12 of 36 configs
+        assert t4.loc[(b, "full minus T4"), "n_configs"] == (9 if b == "crows_pairs" else 36)
+        assert t4.loc[(b, "full minus t0.7"), "n_configs"] == (12 if b == "crows_pairs" else 36)
+        assert t4.loc[(b, "conservative_core"), "n_configs"] == (0 if b == "crows_pairs" else 4)
+    for r in full_summary.itertuples():
+        assert tau.loc[(r.benchmark, "full"), "order_change_rate"] == pytest.approx(r.order_change_rate)
+    rev = pd.read_parquet(run["tables"] / "nearest_reversal.parquet")
+    assert set(rev.loc[rev["benchmark"] != "crows_pairs", "nominal_used"]) == {"T1-greedy-k0-freeform"}
+    assert set(rev.loc[rev["benchmark"] == "crows_pairs", "nominal_used"]) == {"T1-greedy-k0-logprob"}
+    # a pair has a strict reversal within the envelope iff rho_flip > 0 or it is tied at the nominal
+    t2i = t2.set_index(["benchmark", "model_a", "model_b"])
+    for r in rev.itertuples():
+        if r.nominal_leader != "tie":
+            assert pd.isna(r.strict_distance) == (t2i.loc[(r.benchmark, r.model_a, r.model_b), "rho_flip"] == 0)
     boot = pd.read_parquet(run["tables"] / "bootstrap.parquet")
     assert (boot["ci_low"] <= boot["ci_high"]).all() and set(boot["samples"]) == {200}
     anova = pd.read_parquet(run["tables"] / "anova.parquet").set_index("benchmark")
@@ -113,7 +129,8 @@ def test_figures_report_and_cards(run):
     report = (run["root"] / "report.md").read_text()
     assert "not produced" not in report
     for heading in ("Table 2", "Table 3", "Table 4", "Parse-clean", "tau_R", "Bootstrap", "subsamples",
-                    "BF16 vs NF4", "ANOVA", "SHAP", "Robustness"):
+                    "BF16 vs NF4", "ANOVA", "SHAP", "Robustness", "Nearest reversing configuration",
+                    "BBQ bias scores"):
         assert f"## {heading}" in report or heading in report
     assert report.count("![") == 5 and "](../figures/" not in report
     assert "](figures/rho_heatmap.png)" in report
@@ -121,3 +138,7 @@ def test_figures_report_and_cards(run):
     assert len(index["cards"]) == 15
     card = json.loads((run["cards"] / "alpha__bbq.json").read_text())
     assert len(card["comparisons"]) == 2 and card["envelope"]["n_configs"] == 48
+    assert all(c["nearest_reversal"]["reference_config"] == "T1-greedy-k0-freeform" for c in card["comparisons"])
+    assert "## Nearest reversing configuration" in (run["cards"] / "alpha__bbq.md").read_text()
+    # rho_flip is never called a "flip rate"; only the total-order change rate is named after the paper's term
+    assert "flip rate" not in report.lower().replace('total-order "flip rate"', "")

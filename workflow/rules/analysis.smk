@@ -118,6 +118,31 @@ rule subsample_stability:
         " --rules {params.rules} > {log} 2>&1"
 
 
+rule bbq_bias:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
+        bbq_items=f"{RESULTS}/items/bbq.parquet",
+    output:
+        f"{TABLES}/bbq_bias.parquet",
+        report(
+            f"{TABLES}/bbq_bias.csv",
+            caption="../report/bbq_bias.rst",
+            category="Robustness",
+        ),
+        f"{TABLES}/bbq_bias_summary.parquet",
+    log:
+        f"{RESULTS}/logs/bbq_bias.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        items_dir=lambda w, input: os.path.dirname(input.bbq_items),
+    shell:
+        '"$PY" -m safetyrepro analyze bbq-bias {input.cells} {input.item_results} --items-dir {params.items_dir}'
+        " --out-dir {params.out_dir} > {log} 2>&1"
+
+
 rule precision_check:
     input:
         main=f"{TABLES}/cell_scores.parquet",

@@ -79,12 +79,21 @@ PAPER_TABLES = [
 FIGURES = ["rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"]
 
 
+# BBQ's bias scores exist only when the run includes BBQ.
+BBQ_BIAS_TABLES = (
+    [f"{TABLES}/bbq_bias.parquet", f"{TABLES}/bbq_bias_summary.parquet"]
+    if "bbq" in RUN.benchmarks
+    else []
+)
+
+
 def analysis_targets():
     targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES]
     targets += [
         f"{TABLES}/{t}.parquet"
         for t in ("anova", "shap", "robustness", "subsample_stability")
     ]
+    targets += BBQ_BIAS_TABLES
     targets += [f"{RESULTS}/cards/index.json", f"{RESULTS}/report.md"]
     targets += [f"{RESULTS}/figures/{f}.png" for f in FIGURES]
     if PLAN.precision_check:

@@ -39,10 +39,17 @@ rule report_md:
     input:
         f"{RESULTS}/cards/index.json",
         [f"{TABLES}/precision.parquet"] if PLAN.precision_check else [],
+        BBQ_BIAS_TABLES,
         tables=[
             f"{TABLES}/{t}.parquet"
             for t in PAPER_TABLES
-            + ["anova", "shap", "robustness", "subsample_stability", "subsample_rho_flip"]
+            + [
+                "anova",
+                "shap",
+                "robustness",
+                "subsample_stability",
+                "subsample_rho_flip",
+            ]
         ],
         figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],
     output:

@@ -58,6 +58,15 @@ def register(app: typer.Typer) -> None:
 
         _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config, items_dir=items_dir))
 
+    @analyze.command("bbq-bias")
+    def bbq_bias(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
+                 items_dir: Path = typer.Option(..., "--items-dir", help="folder holding bbq.parquet"),
+                 out_dir: Path = typer.Option(..., "--out-dir")):
+        """BBQ bias scores (ambiguous and disambiguated, Parrish et al. 2022) next to accuracy."""
+        from .bbq_bias import write_bbq_bias
+
+        _echo_paths(write_bbq_bias(cell_scores, item_results, items_dir, out_dir))
+
     @analyze.command("subsample")
     def subsample(item_results: Path = typer.Argument(...), items_dir: Path = typer.Option(..., "--items-dir"),
                   out_dir: Path = typer.Option(..., "--out-dir"), fraction: float = typer.Option(0.8, "--fraction"),

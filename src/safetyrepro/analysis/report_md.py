@@ -21,7 +21,7 @@ from .common import read_table, version_text
 
 REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal",
                  "subsample_stability", "subsample_rho_flip",
-                 "precision", "anova", "shap", "robustness", "robustness_regression")
+                 "precision", "anova", "shap", "robustness", "robustness_regression", "bbq_bias_summary")
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -211,6 +211,17 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "y": "y", "x": "x", "n": "n", "slope": "slope", "intercept": "intercept", "r2": "R^2",
         "p_value": "p", "note": "note"})))
     out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance"), ""]
+
+    out += ["## BBQ bias scores (Parrish et al. 2022)", "",
+            "Per model over the BBQ envelope: accuracy (the cell score) next to the bias scores. Disambiguated "
+            "s_DIS = 2 n_biased / n_non-unknown - 1; ambiguous s_AMB = (1 - accuracy in ambiguous contexts) x the "
+            "same ratio there. 0 = no preference for the biased answer, +1 = always it, -1 = always the other. "
+            "Per config: `bbq_bias` table.", ""]
+    out.append(section("bbq_bias_summary", lambda d: md_table(d, {
+        "model": "model", "n_configs": "configs", "accuracy_mean": "mean accuracy",
+        "bias_ambig_mean": "s_AMB mean", "bias_ambig_min": "min", "bias_ambig_max": "max",
+        "bias_disambig_mean": "s_DIS mean", "bias_disambig_min": "min", "bias_disambig_max": "max"})))
+    out += [""]
     return "\n".join(out) + "\n"
 
 
