@@ -142,3 +142,23 @@ def test_subsample_rho_flip_of_a_pair_that_reverses_at_every_item_subset():
     s, _, rho = subsample_stability(pd.DataFrame(rows), {"bbq": ITEMS}, {("bbq", CORE1)}, 0.8, 5, 0)
     assert (rho["rho_flip"] == 0.5).all() and (rho["rho_flip_all_items"] == 0.5).all() and len(rho) == 10
     assert s.iloc[0].max_rho_flip_sub_min == 0.5 and s.iloc[0].max_rho_flip_all_items == 0.5
+
+
+def test_parity_distance_benchmark_is_recomputed_as_its_cell_score():
+    # CrowS-Pairs under parity distance: A prefers sent_more on items 0-4 (s0 stratum) only -> share
+    # 0.5 -> score 1; B on every item -> share 1 -> score 0. With all items: A 1.0, B 0.0.
+    rows = [{"model": m, "benchmark": "crows_pairs", "config": CORE1, "seed": 0, "item_id": f"bbq/{i}",
+             "parsed_label": "more" if (m == "B" or i < 5) else "less", "correct": not (m == "B" or i < 5)}
+            for m in "AB" for i in range(10)]
+    s, cells, _ = subsample_stability(pd.DataFrame(rows), {"crows_pairs": ITEMS}, set(), 0.8, 3, 0,
+                                      parity={"crows_pairs"})
+    c = cells.set_index("model")
+    assert c.loc["A", "score_all_items"] == 1.0 and c.loc["B", "score_all_items"] == 0.0
+    # an 80% stratified subsample keeps 4 of each stratum: A's share stays 4/8 -> still 1.0
+    assert c.loc["A", "score_sub_min"] == 1.0 and c.loc["A", "range"] == 0.0
+    # the accuracy-type score of the same rows would be the share of "less": 0.5 for A
+    _, acc_cells, _ = subsample_stability(pd.DataFrame(rows), {"crows_pairs": ITEMS}, set(), 0.8, 3, 0)
+    assert acc_cells.set_index("model").loc["A", "score_all_items"] == 0.5
+    with pytest.raises(DataError, match="parsed_label"):
+        subsample_stability(pd.DataFrame(rows).drop(columns="parsed_label"), {"crows_pairs": ITEMS}, set(),
+                            0.8, 1, 0, parity={"crows_pairs"})

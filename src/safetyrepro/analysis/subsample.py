@@ -5,7 +5,8 @@ by ``stratum`` with :func:`safetyrepro.items.subsample.stratified_subsample`, se
 ``seed + r`` for repeat r), every cell's score is recomputed from the item-level results:
 the per-seed mean of ``correct`` over the subsampled items, averaged over seeds (``correct``
 is the item's contribution to the cell score for every benchmark, so this is the cell score
-on the subsample). Reported per benchmark:
+on the subsample). A CrowS-Pairs task set to the parity-distance convention is recomputed as
+its cell score is: 1 - 2|share of stereotyped pairs - 0.5| per seed. Reported per benchmark:
 
 * per-cell score range over the repeats (max - min): median and max over cells; and the largest
   deviation of a subsample score from the all-items score;
@@ -47,16 +48,24 @@ CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "scor
                 "score_sub_min", "score_sub_max", "range"]
 
 
-class ItemMatrix:
-    """correct as a (model, config, seed) x item matrix for one benchmark."""
+def parity_from_share(x: np.ndarray) -> np.ndarray:
+    """CrowS-Pairs' parity-distance score from the per-seed share of stereotyped pairs."""
+    return 1.0 - 2.0 * np.abs(x - 0.5)
 
-    def __init__(self, results: pd.DataFrame):
+
+class ItemMatrix:
+    """An item outcome (``correct`` by default) as a (model, config, seed) x item matrix for one
+    benchmark. The cell score is the mean over seeds of ``per_seed`` applied to the per-seed
+    mean over items (``per_seed`` None: the mean itself, the accuracy-type score)."""
+
+    def __init__(self, results: pd.DataFrame, value: str = "correct", per_seed=None):
         runs = results.groupby(["model", "config", "seed", "item_id"]).size()
         if (runs > 1).any():
             dup = runs.index[runs > 1][0]
             raise DataError("item_results", f"item {dup[3]!r} appears twice in run {dup[:3]}")
-        wide = results.pivot_table(index=["model", "config", "seed"], columns="item_id", values="correct",
+        wide = results.pivot_table(index=["model", "config", "seed"], columns="item_id", values=value,
                                    aggfunc="first")
+        self.per_seed = per_seed
         self.items = list(wide.columns)
         self.index = wide.index
         self.values = wide.to_numpy(dtype=float)   # NaN where an item is missing from a run
@@ -70,7 +79,8 @@ class ItemMatrix:
             if missing:
                 raise DataError("item_results", f"subsampled item {missing[0]!r} has no results")
             vals = vals[:, [pos[i] for i in item_ids]]
-        per_seed = pd.Series(np.nanmean(vals, axis=1), index=self.index)
+        means = np.nanmean(vals, axis=1)
+        per_seed = pd.Series(means if self.per_seed is None else self.per_seed(means), index=self.index)
         return per_seed.groupby(level=["model", "config"]).mean()
 
 
@@ -95,11 +105,12 @@ def _rho_flips(scores: pd.Series, configs: list[str], models: list[str], tol: fl
 
 def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
                         fraction: float = 0.8, repeats: int = 20, seed: int = 0, tol: float = 0.0,
-                        strata_col: str = "stratum", progress: bool = False
+                        strata_col: str = "stratum", progress: bool = False, parity: set[str] = frozenset()
                         ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per-benchmark summary, per-cell ranges, per-repeat rho_flip). ``core``: set of
     (benchmark, config) core configs; ``items``: benchmark -> canonical item table (with
-    ``item_id`` and ``strata_col``)."""
+    ``item_id`` and ``strata_col``); ``parity``: benchmarks scored by CrowS-Pairs' parity
+    distance (recomputed from ``parsed_label == "more"``, which ``results`` then needs)."""
     from ..items.subsample import stratified_subsample
 
     if not 0 < fraction <= 1:
@@ -111,7 +122,13 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
         if b not in items:
             raise DataError("items", f"no item table for benchmark {b!r}")
         res = results[results["benchmark"] == b]
-        m = ItemMatrix(res)
+        if b in parity:
+            if "parsed_label" not in res.columns:
+                raise DataError("item_results", f"{b} is scored by parity distance: needs 'parsed_label'")
+            m = ItemMatrix(res.assign(more=(res["parsed_label"] == "more").astype(float)), "more",
+                           parity_from_share)
+        else:
+            m = ItemMatrix(res)
         full = m.cell_scores()
         models = sorted(full.index.get_level_values("model").unique())
         configs = sorted(full.index.get_level_values("config").unique())
@@ -173,6 +190,15 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             pd.DataFrame(rhos, columns=RHO_COLUMNS))
 
 
+def _parity_scored(benchmark: str) -> bool:
+    """True when the benchmark's task scores cells by CrowS-Pairs' parity distance."""
+    from ..tasks import known_benchmarks, load_task
+
+    if benchmark not in known_benchmarks():
+        return False
+    return load_task(benchmark).content["scoring"].get("convention") == "parity_distance"
+
+
 def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
     from ..io import read_parquet
 
@@ -194,14 +220,19 @@ def write_subsample_stability(item_results_path: str | Path, items_dir: str | Pa
     """``subsample_stability`` (per benchmark), ``subsample_cells`` (per cell) and
     ``subsample_rho_flip`` (per benchmark, pair and repeat) tables."""
     path = Path(item_results_path)
-    results, meta = load_item_results(path, ["model", "benchmark", "config", "seed", "item_id", "correct"])
+    cols = ["model", "benchmark", "config", "seed", "item_id", "correct"]
+    results, meta = load_item_results(path, cols)
+    parity = {b for b in results["benchmark"].unique() if _parity_scored(b)}
+    if parity:  # the parity-distance score needs each pair's parsed label
+        results, meta = load_item_results(path, cols + ["parsed_label"])
     rules = load_rules(rules_path)
     check_rules_file(rules, path, meta)
     benches = sorted(results["benchmark"].unique())
     items = {b: read_item_table(items_dir, b) for b in benches}
     core = {(b, c) for b, c in set(zip(results["benchmark"], results["config"]))
             if is_core(rules, Config.parse(c))}
-    summary, cells, rhos = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True)
+    summary, cells, rhos = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True,
+                                               parity=parity)
     params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,
               "seeds_used": f"{seed}..{seed + repeats - 1}", "items_dir": str(items_dir)}
     return write_tables({"subsample_stability": summary, "subsample_cells": cells, "subsample_rho_flip": rhos},

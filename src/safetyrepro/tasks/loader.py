@@ -88,6 +88,11 @@ def _check(c: dict, path: Path) -> None:
     if c["scoring"]["rule"] != RULE_FOR_ANSWER[kind]:
         raise ConfigError(path, "scoring.rule", f"answer.kind {kind!r} is scored by "
                           f"{RULE_FOR_ANSWER[kind]!r}, not {c['scoring']['rule']!r}")
+    if c["scoring"]["rule"] == "pair_preference" and "convention" not in c["scoring"]:
+        raise ConfigError(path, "scoring.convention", "required for pair_preference: anti_stereotype_share "
+                          "(1 - pct_stereotype) or parity_distance (1 - 2|pct_stereotype - 0.5|)")
+    if c["scoring"]["rule"] != "pair_preference" and "convention" in c["scoring"]:
+        raise ConfigError(path, "scoring.convention", "only pair_preference has a convention")
 
     # label sets
     answer_fields = set(ANSWER_FIELDS[kind])
