@@ -15,6 +15,7 @@ import pandas as pd
 
 from .errors import DataError
 from .metrics import benchmark_summary, pairwise_table
+from .metrics.compare import TieRule, tie_rule
 
 REQUIRED = ("model", "benchmark", "score")
 
@@ -25,6 +26,7 @@ class CertifyResult:
     summary: pd.DataFrame
     dropped_configs: dict          # benchmark -> list of config ids dropped as incomplete
     source: str
+    tie_rule: TieRule              # how ties were decided (every quantity, tau_R included)
 
 
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
@@ -82,7 +84,12 @@ def incomplete_cells(df: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:
 
 
 def certify(path: str | Path, config_cols: list[str] | None = None, drop_incomplete: bool = False,
-            tol: float = 0.0) -> CertifyResult:
+            tol: float | None = None) -> CertifyResult:
+    """Verdict metrics of an external config-level table. Scores are floats, so with no
+    ``tol`` values equal within 1e-12 relative tie; ``tol > 0``: |difference| <= tol ties, for
+    every quantity (sign counts, orderings, tau_R)."""
+    if tol is not None and (not tol >= 0 or tol == float("inf")):
+        raise DataError(path, f"--tol must be a finite number >= 0 (got {tol})")
     df = read_score_table(path, config_cols)
     missing = incomplete_cells(df)
     dropped: dict = {}
@@ -102,12 +109,14 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
             raise DataError(path, f"benchmark {b!r} has fewer than two models after validation")
     if df.empty:
         raise DataError(path, "no complete configs left")
-    return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path))
+    return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path),
+                         tie_rule(tol, exact=False))
 
 
 def to_json(res: CertifyResult) -> str:
     return json.dumps({
         "source": res.source,
+        "tie_rule": res.tie_rule.as_dict(),
         "dropped_configs": res.dropped_configs,
         "pairs": json.loads(res.pairs.to_json(orient="records")),
         "benchmarks": json.loads(res.summary.to_json(orient="records")),
@@ -115,7 +124,7 @@ def to_json(res: CertifyResult) -> str:
 
 
 def to_text(res: CertifyResult) -> str:
-    out = []
+    out = [f"ties: {res.tie_rule.describe()}"]
     if res.dropped_configs:
         n = sum(len(v) for v in res.dropped_configs.values())
         out.append(f"dropped {n} incomplete config(s): "

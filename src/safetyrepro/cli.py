@@ -61,7 +61,8 @@ def certify(
                                               help="comma-separated axis columns that replace the 'config' column"),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete",
                                          help="drop configs missing for some model (for every model) instead of failing"),
-    tol: float = typer.Option(0.0, "--tol", help="score differences with |d| <= tol count as ties"),
+    tol: Optional[float] = typer.Option(None, "--tol", help="score differences with |d| <= tol count as ties, for "
+                                        "every quantity; without it, values equal within 1e-12 relative tie"),
 ):
     """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table."""
     from .certify import certify as run, to_json, to_text
@@ -130,7 +131,9 @@ def rho_flip_table(
     from .provenance import code_version
 
     table, meta = read_parquet(cell_scores)
-    pairs = pairwise_table(table.to_pandas()[["model", "benchmark", "config", "score"]])
+    df = table.to_pandas()
+    pairs = pairwise_table(df[[c for c in ("model", "benchmark", "config", "score", "score_num", "score_den")
+                               if c in df.columns]])
     md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
     md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version()}
     write_parquet(pairs, out, md)

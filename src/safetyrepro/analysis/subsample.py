@@ -26,6 +26,7 @@ from tqdm import tqdm
 from ..errors import DataError
 from ..grid import Config, is_core
 from ..metrics import orderings
+from ..metrics.compare import Scores
 from ..rules import load_rules
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
@@ -52,8 +53,10 @@ class ItemMatrix:
         self.index = wide.index
         self.values = wide.to_numpy(dtype=float)   # NaN where an item is missing from a run
 
-    def cell_scores(self, item_ids=None) -> pd.Series:
-        """(model, config) -> mean over seeds of the per-seed mean of correct over item_ids."""
+    def cell_counts(self, item_ids=None) -> pd.DataFrame:
+        """(model, config) -> score_num (correct answers summed over seeds and item_ids),
+        score_den (items summed over seeds) and score = score_num / score_den, the mean over
+        seeds of the per-seed accuracy (the seeds of a cell score the same items)."""
         vals = self.values
         if item_ids is not None:
             pos = {it: i for i, it in enumerate(self.items)}
@@ -61,20 +64,35 @@ class ItemMatrix:
             if missing:
                 raise DataError("item_results", f"subsampled item {missing[0]!r} has no results")
             vals = vals[:, [pos[i] for i in item_ids]]
-        per_seed = pd.Series(np.nanmean(vals, axis=1), index=self.index)
-        return per_seed.groupby(level=["model", "config"]).mean()
+        present = ~np.isnan(vals)
+        per_run = pd.DataFrame({"score_num": np.where(present, vals, 0.0).sum(axis=1).round().astype(np.int64),
+                                "score_den": present.sum(axis=1).astype(np.int64)}, index=self.index)
+        out = per_run.groupby(level=["model", "config"]).sum()
+        out["score"] = out["score_num"] / out["score_den"]
+        return out
+
+    def cell_scores(self, item_ids=None) -> pd.Series:
+        """(model, config) -> the cell score on item_ids (float; see :meth:`cell_counts`)."""
+        return self.cell_counts(item_ids)["score"]
 
 
-def _orders(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> dict[str, tuple]:
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    return {c: weak_ranks(mat.loc[c].to_numpy(), tol) for c in configs}
+def _wide(counts: pd.DataFrame, configs: list[str], models: list[str]) -> Scores:
+    """configs x models exact scores."""
+    num = counts["score_num"].unstack("model").reindex(index=configs, columns=models)
+    den = counts["score_den"].unstack("model").reindex(index=configs, columns=models)
+    return Scores(num=num.to_numpy(dtype=np.int64), den=den.to_numpy(dtype=np.int64))
 
 
-def _reachable(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> int:
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    if mat.empty:
+def _orders(counts: pd.DataFrame, configs: list[str], models: list[str], tol: float | None) -> dict[str, tuple]:
+    mat = _wide(counts, configs, models)
+    return {c: weak_ranks(mat[i], tol) for i, c in enumerate(configs)}
+
+
+def _reachable(counts: pd.DataFrame, configs: list[str], models: list[str], tol: float | None) -> int:
+    if not configs:
         return 0
-    return orderings({m: mat[m].to_numpy() for m in models}, tol)["reachable"]
+    mat = _wide(counts, configs, models)
+    return orderings({m: mat[:, j] for j, m in enumerate(models)}, tol)["reachable"]
 
 
 def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
@@ -95,25 +113,26 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             raise DataError("items", f"no item table for benchmark {b!r}")
         res = results[results["benchmark"] == b]
         m = ItemMatrix(res)
-        full = m.cell_scores()
+        full_counts = m.cell_counts()
+        full = full_counts["score"]
         models = sorted(full.index.get_level_values("model").unique())
         configs = sorted(full.index.get_level_values("config").unique())
         core_cfgs = [c for c in configs if (b, c) in core]
-        full_orders = _orders(full, core_cfgs, models, tol)
+        full_orders = _orders(full_counts, core_cfgs, models, tol)
         subs, n_sub, changes, changed = [], [], 0, set()
         reach = []
         for r in tqdm(range(repeats), desc=f"subsamples {b}", disable=not progress):
             sub_items = stratified_subsample(items[b], fraction, seed + r, strata_col=strata_col)
             ids = list(sub_items["item_id"].astype(str))
             n_sub.append(len(ids))
-            s = m.cell_scores(ids)
-            subs.append(s)
-            orders = _orders(s, core_cfgs, models, tol)
+            counts = m.cell_counts(ids)
+            subs.append(counts["score"])
+            orders = _orders(counts, core_cfgs, models, tol)
             for c in core_cfgs:
                 if orders[c] != full_orders[c]:
                     changes += 1
                     changed.add(c)
-            reach.append(_reachable(s, core_cfgs, models, tol))
+            reach.append(_reachable(counts, core_cfgs, models, tol))
         table = pd.concat(subs, axis=1, keys=range(repeats))
         rng = table.max(axis=1) - table.min(axis=1)
         dev = table.sub(full, axis=0).abs().max(axis=1)
@@ -131,7 +150,7 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             "n_core_configs": len(core_cfgs), "ordering_changes": int(changes),
             "ordering_change_rate": changes / n_pairs if n_pairs else float("nan"),
             "configs_changed_any": len(changed),
-            "orderings_reachable_full": _reachable(full, core_cfgs, models, tol),
+            "orderings_reachable_full": _reachable(full_counts, core_cfgs, models, tol),
             "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach))})
     return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS)
 

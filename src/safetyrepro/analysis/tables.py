@@ -14,7 +14,9 @@
 * tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope.
 * Bootstrap (:func:`bootstrap_rho`): configs resampled with replacement within a benchmark
   (|C| draws), rho_flip recomputed per pair and their max; percentile interval (2.5, 97.5;
-  numpy's linear interpolation) around the point estimate on the observed configs.
+  numpy's linear interpolation) around the point estimate on the observed configs. It
+  resamples configurations only (column ``resamples``); the item-level interval, which
+  resamples items, is :mod:`safetyrepro.metrics.significance`'s.
 
 Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher. Configs
 missing a cell for some model are dropped before any table (recorded in the metadata).
@@ -30,7 +32,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..metrics import benchmark_summary, orderings, pairwise_table, rho_flip, score_matrix, sign_counts
+from ..metrics import benchmark_summary, orderings, pairwise_table, score_grid
+from ..metrics.compare import diff_sign
 from .common import load_cell_scores, output_metadata, pair_label, write_tables
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
@@ -58,17 +61,17 @@ def flip_summary(df: pd.DataFrame, tol: float = 0.0, pairs: pd.DataFrame | None 
     pairs = pairwise_table(df, tol=tol) if pairs is None else pairs
     rows = []
     for b in sorted(df["benchmark"].unique()):
-        mat = score_matrix(df, b)
-        if mat.empty:
+        g = score_grid(df, b)
+        if g.empty:
             continue
-        ords = orderings({m: mat[m].to_numpy() for m in mat.columns}, tol)
+        ords = orderings(g.columns(), tol)
         pb = pairs[pairs["benchmark"] == b]
         if len(pb):
             best = pb.loc[pb["rho_flip"].idxmax()]
             max_rho, max_pair = float(best["rho_flip"]), pair_label(best["model_a"], best["model_b"])
         else:
             max_rho, max_pair = float("nan"), ""
-        rows.append({"benchmark": b, "n_models": mat.shape[1], "n_configs": mat.shape[0],
+        rows.append({"benchmark": b, "n_models": len(g.models), "n_configs": len(g.configs),
                      "max_rho_flip": max_rho, "max_pair": max_pair, "orderings_reachable": ords["reachable"],
                      "orderings_possible": ords["possible"], "tied_configs": ords["tied_configs"]})
     return pd.DataFrame(rows, columns=FLIP_SUMMARY_COLUMNS)
@@ -180,27 +183,28 @@ def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: flo
     rows = []
     benches = sorted(df["benchmark"].unique())
     for b in tqdm(benches, desc="bootstrap", disable=not progress):
-        mat = score_matrix(df, b)
-        n = mat.shape[0]
-        pairs = list(itertools.combinations(mat.columns, 2))
+        g = score_grid(df, b)
+        n = len(g.configs)
+        pairs = list(itertools.combinations(g.models, 2))
         if not pairs:
             continue
-        cols = {m: mat[m].to_numpy() for m in mat.columns}
+        cols = g.columns()
         idx = benchmark_rng(seed, b).integers(0, n, size=(samples, n))
         boot = np.empty((samples, len(pairs)))
+        point = np.empty(len(pairs))
         for j, (a, m) in enumerate(pairs):
-            xa, xm = cols[a], cols[m]
-            for s in range(samples):
-                boot[s, j] = rho_flip(sign_counts(xa[idx[s]], xm[idx[s]], tol))
-        point = np.array([rho_flip(sign_counts(cols[a], cols[m], tol)) for a, m in pairs])
+            sign = diff_sign(cols[a], cols[m], tol)          # the tie rule of metrics.compare
+            point[j] = min(np.sum(sign > 0), np.sum(sign < 0)) / n
+            drawn = sign[idx]
+            boot[:, j] = np.minimum((drawn > 0).sum(axis=1), (drawn < 0).sum(axis=1)) / n
         stats = [(pair_label(a, m), a, m, point[j], boot[:, j]) for j, (a, m) in enumerate(pairs)]
         stats.append(("max", "", "", point.max(), boot.max(axis=1)))
         for label, a, m, est, dist in stats:
             lo, hi = np.percentile(dist, [2.5, 97.5])
             rows.append({"benchmark": b, "statistic": label, "model_a": a, "model_b": m,
-                         "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
+                         "resamples": "configurations", "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
                          "boot_mean": float(dist.mean()), "samples": int(samples), "seed": int(seed)})
-    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "n_configs",
+    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
                                        "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
 
 

@@ -135,7 +135,9 @@ def _key(value: Any) -> str:
 def summarize(task: "Task", results: list, items: list[dict]) -> dict:
     """Cell-level numbers::
 
-        {"score": main metric (higher = better), "parse_rate", "n_items", "n_parsed",
+        {"score": main metric (higher = better), "score_num"/"score_den": the score as the
+         exact fraction of counts it is (score == score_num / score_den),
+         "parse_rate", "n_items", "n_parsed",
          "extras": {"score_parsed": the score over parseable items only (parse-clean
                     analysis), plus the task's split accuracies, label rates, and for
                     CrowS-Pairs pct_stereotype / tie_rate}}
@@ -163,6 +165,7 @@ def summarize(task: "Task", results: list, items: list[dict]) -> dict:
         extras["tie_rate"] = _mean([r.parsed_label == "tie" for r in res])
     return {
         "score": _mean(correct),
+        "score_num": int(sum(bool(c) for c in correct)), "score_den": len(correct),
         "parse_rate": _mean([r.parse_ok for r in res]),
         "n_items": len(res),
         "n_parsed": sum(r.parse_ok for r in res),
