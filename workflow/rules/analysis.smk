@@ -29,6 +29,35 @@ rule paper_tables:
         " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed} > {log} 2>&1"
 
 
+rule significance:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
+    output:
+        [f"{TABLES}/{t}.parquet" for t in SIGNIFICANCE_TABLES],
+        [
+            report(
+                f"{TABLES}/{t}.csv",
+                caption=f"../report/{t}.rst",
+                category="Significance",
+            )
+            for t in SIGNIFICANCE_TABLES
+        ],
+    log:
+        f"{RESULTS}/logs/significance.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        alpha=ANALYSIS["alpha"],
+        samples=ANALYSIS["bootstrap_samples"],
+        seed=ANALYSIS["bootstrap_seed"],
+    shell:
+        '"$PY" -m safetyrepro analyze significance {input.cells} {input.item_results}'
+        " --out-dir {params.out_dir} --alpha {params.alpha}"
+        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed} > {log} 2>&1"
+
+
 rule variance:
     input:
         f"{TABLES}/cell_scores.parquet",
@@ -137,6 +166,7 @@ rule cards:
     input:
         cells=f"{TABLES}/cell_scores.parquet",
         provenance=f"{TABLES}/provenance.json",
+        significance=f"{TABLES}/significance.parquet",
     output:
         report(
             f"{RESULTS}/cards/index.json",
@@ -150,4 +180,5 @@ rule cards:
     params:
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
-        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance} --out-dir {params.out_dir} > {log} 2>&1'
+        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'
+        " --significance {input.significance} --out-dir {params.out_dir} > {log} 2>&1'

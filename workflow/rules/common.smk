@@ -68,11 +68,12 @@ def all_targets():
 
 TABLES = f"{RESULTS}/tables"
 PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
-FIGURES = ["rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"]
+SIGNIFICANCE_TABLES = ["significance", "significance_configs", "bootstrap_items"]
+FIGURES = ["rho_heatmap", "rho_significance", "orderings", "anova_shares", "shap_summary", "consistency"]
 
 
 def analysis_targets():
-    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES]
+    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES + SIGNIFICANCE_TABLES]
     targets += [
         f"{TABLES}/{t}.parquet"
         for t in ("anova", "shap", "robustness", "subsample_stability")

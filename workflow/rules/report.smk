@@ -7,6 +7,7 @@ rule figures:
             f"{TABLES}/{t}.parquet"
             for t in (
                 "table2",
+                "significance",
                 "table4",
                 "anova",
                 "shap",
@@ -42,6 +43,7 @@ rule report_md:
         tables=[
             f"{TABLES}/{t}.parquet"
             for t in PAPER_TABLES
+            + SIGNIFICANCE_TABLES
             + ["anova", "shap", "robustness", "subsample_stability"]
         ],
         figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],

@@ -35,6 +35,20 @@ def register(app: typer.Typer) -> None:
         _echo_paths(write_paper_tables(cell_scores, out_dir, threshold=threshold,
                                        bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol))
 
+    @analyze.command("significance")
+    def significance(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
+                     item_results: Path = typer.Argument(..., help="item_results.parquet"),
+                     out_dir: Path = typer.Option(..., "--out-dir"),
+                     alpha: float = typer.Option(0.05, "--alpha", help="level; Holm-corrected over configs"),
+                     bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
+                     bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
+                     tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
+        """Item-level significance: paired tests per config, rho_flip_sig, crossover test, item bootstrap."""
+        from .significance import write_significance
+
+        _echo_paths(write_significance(cell_scores, item_results, out_dir, alpha=alpha,
+                                       samples=bootstrap_samples, seed=bootstrap_seed, tol=tol))
+
     @analyze.command("variance")
     def variance(cell_scores: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir"),
                  seed: int = typer.Option(0, "--seed"), tol: float = typer.Option(0.0, "--tol")):
@@ -78,11 +92,13 @@ def register(app: typer.Typer) -> None:
     @analyze.command("cards")
     def cards(cell_scores: Path = typer.Argument(...),
               provenance: Path = typer.Option(..., "--provenance", help="JSON/YAML {model: {benchmark: record}}"),
-              out_dir: Path = typer.Option(..., "--out-dir")):
+              out_dir: Path = typer.Option(..., "--out-dir"),
+              significance: Optional[Path] = typer.Option(None, "--significance",
+                                                          help="significance.parquet (rho_flip_sig on the cards)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
-        _echo_paths(write_cards(cell_scores, provenance, out_dir))
+        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):
