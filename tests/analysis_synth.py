@@ -1,7 +1,8 @@
 """A synthetic, full-size and internally coherent result set for the analysis tests:
 3 models x 5 benchmarks x every valid config of the real envelope rules, item-level results
 (seeds as the rules say) and the cell scores aggregated from them the way the aggregation
-step defines them (score = mean over seeds of the per-seed mean of `correct`).
+step defines them (score = mean over seeds of the per-seed mean of `correct`, carried exactly
+as score_num / score_den: correct answers over item runs, summed over seeds).
 
 Structure: P(correct) = sigmoid(ability[model, benchmark] + axis effects + a model x template
 interaction - item difficulty), so models are close (verdicts flip) on some benchmarks and far
@@ -86,7 +87,7 @@ def make_dataset(out: Path, n_items: int = 40, seed: int = 7, models=MODELS, ben
                 logit = (ABILITY[b][mi % 3] + sum(EFFECTS[a][getattr(c, a)] for a in EFFECTS)
                          + INTERACTION.get(m, {}).get(c.template, 0.0))
                 p = 1.0 / (1.0 + np.exp(-(logit - difficulty)))
-                seed_scores, parse_rates = [], []
+                seed_scores, parse_rates, n_correct = [], [], 0
                 for s in range(rules.n_seeds(c.decoding)):
                     correct = rng.random(n_items) < p
                     parse_ok = np.ones(n_items, bool) if c.scoring == "logprob" else (
@@ -108,12 +109,14 @@ def make_dataset(out: Path, n_items: int = 40, seed: int = 7, models=MODELS, ben
                         "chosen_index": pd.array(chosen, dtype="Int64"), "stratum": items["stratum"],
                         "quantization": quantization}))
                     seed_scores.append(float(correct.mean()))
+                    n_correct += int(correct.sum())
                     parse_rates.append(float(parse_ok.mean()))
                 tiers = grid.config_tiers(rules, c)
                 cell_rows.append({
                     "model": m, "benchmark": b, "config": c.id, **c.levels(),
                     **{f"tier_{a}": t for a, t in tiers.items()}, "core": grid.is_core(rules, c),
-                    "score": float(np.mean(seed_scores)),
+                    "score": n_correct / (n_items * len(seed_scores)), "score_num": n_correct,
+                    "score_den": n_items * len(seed_scores),
                     "score_sd": float(np.std(seed_scores, ddof=1)) if len(seed_scores) > 1 else 0.0,
                     "n_seeds": len(seed_scores), "seed_scores": seed_scores,
                     "parse_rate": float(min(parse_rates)), "n_items": n_items, "extras": "{}",

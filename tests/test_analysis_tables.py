@@ -176,7 +176,7 @@ def test_bootstrap_seeded_and_per_benchmark_streams(cells):
 def test_write_paper_tables_outputs_and_stamps(tmp_path, cells):
     src = write_hand(cells, tmp_path / "cell_scores.parquet")
     paths = write_paper_tables(src, tmp_path / "out", threshold=0.95, bootstrap_samples=50, bootstrap_seed=0)
-    names = {"table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal"}
+    names = {"table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"}
     assert names | {f"{n}_csv" for n in names} == set(paths)
     meta = hand_meta()
     for n in names:

@@ -135,7 +135,7 @@ def test_tau_r_table_carries_order_change_rate_beside_tau(cells):
 
 def test_cards_carry_a_nearest_reversal_line_per_pair(cells):
     cards = build_cards(cells, provenance_for(cells), {"rules_stamp": "r", "config_hash": "h", "code_version": "c"},
-                        nominal=NOM)
+                        reversal=nearest_reversal(cells, NOM))
     a_bbq = next(c for c in cards if c["model"] == "A" and c["benchmark"] == "bbq")
     vs_b = next(c for c in a_bbq["comparisons"] if c["other"] == "B")
     assert vs_b["nearest_reversal"]["strict_distance"] == 2
@@ -145,10 +145,10 @@ def test_cards_carry_a_nearest_reversal_line_per_pair(cells):
     assert "- vs C: A ahead at T1-greedy-k0-freeform; strict reversal: none within the envelope" in md
 
 
-def test_paper_tables_cli_writes_the_nearest_reversal_table(cells, tmp_path):
+def test_nearest_reversal_cli_writes_the_table(cells, tmp_path):
     src = write_hand(cells, tmp_path / "cell_scores.parquet")
-    res = CliRunner().invoke(app, ["analyze", "tables", str(src), "--out-dir", str(tmp_path / "t"),
-                                   "--bootstrap-samples", "5", "--nominal-config", NOM])
+    res = CliRunner().invoke(app, ["analyze", "nearest-reversal", str(src), "--out-dir", str(tmp_path / "t"),
+                                   "--nominal-config", NOM])
     assert res.exit_code == 0, res.output
     t = pd.read_parquet(tmp_path / "t" / "nearest_reversal.parquet")
     assert _row(t, "bbq", "A", "B").strict_distance == 2 and _row(t, "bbq", "A", "C").strict_result == NONE_TEXT

@@ -24,12 +24,64 @@ rule paper_tables:
         threshold=ANALYSIS["parse_clean_threshold"],
         samples=ANALYSIS["bootstrap_samples"],
         seed=ANALYSIS["bootstrap_seed"],
-        nominal=ANALYSIS["nominal_config"],
         rules=RUN.rules.path,
     shell:
         '"$PY" -m safetyrepro analyze tables {input} --out-dir {params.out_dir} --threshold {params.threshold}'
         " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed}"
-        " --nominal-config {params.nominal} --rules {params.rules} > {log} 2>&1"
+        " --rules {params.rules} > {log} 2>&1"
+
+
+rule significance:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
+    output:
+        [f"{TABLES}/{t}.parquet" for t in SIGNIFICANCE_TABLES],
+        [
+            report(
+                f"{TABLES}/{t}.csv",
+                caption=f"../report/{t}.rst",
+                category="Significance",
+            )
+            for t in SIGNIFICANCE_TABLES
+        ],
+    log:
+        f"{RESULTS}/logs/significance.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        alpha=ANALYSIS["alpha"],
+        samples=ANALYSIS["bootstrap_samples"],
+        seed=ANALYSIS["bootstrap_seed"],
+    shell:
+        '"$PY" -m safetyrepro analyze significance {input.cells} {input.item_results}'
+        " --out-dir {params.out_dir} --alpha {params.alpha}"
+        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed} > {log} 2>&1"
+
+
+rule nearest_reversal:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        significance_configs=f"{TABLES}/significance_configs.parquet",
+    output:
+        f"{TABLES}/nearest_reversal.parquet",
+        report(
+            f"{TABLES}/nearest_reversal.csv",
+            caption="../report/nearest_reversal.rst",
+            category="Significance",
+        ),
+    log:
+        f"{RESULTS}/logs/nearest_reversal.log",
+    conda:
+        ENV
+    params:
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        nominal=ANALYSIS["nominal_config"],
+    shell:
+        '"$PY" -m safetyrepro analyze nearest-reversal {input.cells} --out-dir {params.out_dir}'
+        " --nominal-config {params.nominal}"
+        " --significance-configs {input.significance_configs} > {log} 2>&1"
 
 
 rule variance:
@@ -171,6 +223,8 @@ rule cards:
     input:
         cells=f"{TABLES}/cell_scores.parquet",
         provenance=f"{TABLES}/provenance.json",
+        significance=f"{TABLES}/significance.parquet",
+        nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
     output:
         report(
             f"{RESULTS}/cards/index.json",
@@ -183,7 +237,7 @@ rule cards:
         ENV
     params:
         out_dir=lambda w, output: os.path.dirname(output[0]),
-        nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance} --out-dir {params.out_dir}'
-        " --nominal-config {params.nominal} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'
+        " --significance {input.significance} --nearest-reversal {input.nearest_reversal}"
+        " --out-dir {params.out_dir} > {log} 2>&1"

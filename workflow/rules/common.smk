@@ -67,16 +67,16 @@ def all_targets():
 
 
 TABLES = f"{RESULTS}/tables"
-PAPER_TABLES = [
-    "table2",
-    "table3",
-    "table4",
-    "parse_clean",
-    "tau_r",
-    "bootstrap",
-    "nearest_reversal",
+PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
+SIGNIFICANCE_TABLES = ["significance", "significance_configs", "bootstrap_items"]
+FIGURES = [
+    "rho_heatmap",
+    "rho_significance",
+    "orderings",
+    "anova_shares",
+    "shap_summary",
+    "consistency",
 ]
-FIGURES = ["rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"]
 
 
 # BBQ's bias scores exist only when the run includes BBQ.
@@ -88,10 +88,17 @@ BBQ_BIAS_TABLES = (
 
 
 def analysis_targets():
-    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES]
+    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES + SIGNIFICANCE_TABLES]
     targets += [
         f"{TABLES}/{t}.parquet"
-        for t in ("anova", "shap", "robustness", "subsample_stability")
+        for t in (
+            "anova",
+            "shap",
+            "robustness",
+            "subsample_stability",
+            "subsample_rho_flip",
+            "nearest_reversal",
+        )
     ]
     targets += BBQ_BIAS_TABLES
     targets += [f"{RESULTS}/cards/index.json", f"{RESULTS}/report.md"]

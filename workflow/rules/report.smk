@@ -7,6 +7,7 @@ rule figures:
             f"{TABLES}/{t}.parquet"
             for t in (
                 "table2",
+                "significance",
                 "table4",
                 "anova",
                 "shap",
@@ -43,12 +44,14 @@ rule report_md:
         tables=[
             f"{TABLES}/{t}.parquet"
             for t in PAPER_TABLES
+            + SIGNIFICANCE_TABLES
             + [
                 "anova",
                 "shap",
                 "robustness",
                 "subsample_stability",
                 "subsample_rho_flip",
+                "nearest_reversal",
             ]
         ],
         figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],

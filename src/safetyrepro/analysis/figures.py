@@ -1,6 +1,9 @@
 """Figures of the report, drawn from the analysis tables (matplotlib, Agg backend).
 
 * ``rho_heatmap.png``: rho_flip per benchmark (rows) and model pair (columns) plus the max.
+* ``rho_significance.png``: per benchmark and pair, rho_flip beside rho_flip_sig (reversals
+  significant on the items), rho_flip's item-bootstrap interval, coloured and labelled by
+  pattern, so reversals all within noise look different from significant reversals both ways.
 * ``orderings.png``: orderings reachable (of n!) and max rho_flip on Table 4's envelopes.
 * ``anova_shares.png``: stacked shares of total SS per benchmark (free-form ANOVA).
 * ``shap_summary.png``: SHAP share per axis for the score regressor and each pair's sign
@@ -28,6 +31,7 @@ from .common import read_table
 
 FIGURES = {
     "rho_heatmap": ("table2",),
+    "rho_significance": ("significance", "bootstrap_items"),
     "orderings": ("table4",),
     "anova_shares": ("anova",),
     "shap_summary": ("shap",),
@@ -88,6 +92,50 @@ def rho_heatmap(t2: pd.DataFrame, meta: dict, path: Path) -> Path:
     ax.set_title("rho_flip = min(N+, N-)/|C| per model pair over the full envelope")
     ax.set_xlabel("model pair")
     ax.set_ylabel("benchmark")
+    fig.tight_layout()
+    out = _save(fig, path, meta)
+    plt.close(fig)
+    return out
+
+
+PATTERN_STYLE = {   # pattern -> (colour of the rho_flip_sig bar, hatch of the rho_flip bar, label)
+    "stable": ("#bbbbbb", "", "stable: no strict reversal"),
+    "noise": ("#bbbbbb", "////", "reversals all within item noise"),
+    "one_sided": ("#ee7733", "", "significant in one direction only"),
+    "crossover": ("#cc3311", "", "significant reversals both ways"),
+}
+
+
+def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, path: Path) -> Path:
+    plt = _plt()
+    from matplotlib.patches import Patch
+
+    d = sig.sort_values(["benchmark", "model_a", "model_b"]).reset_index(drop=True)
+    bi = boot[boot["statistic"] != "max"].set_index(["benchmark", "model_a", "model_b"])
+    y = np.arange(len(d))
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(d) + 2.2))
+    h = 0.38
+    for i, r in d.iterrows():
+        colour, hatch, _ = PATTERN_STYLE.get(r["pattern"], ("#999999", "", r["pattern"]))
+        ax.barh(i - h / 2, r["rho_flip"], h, color=colour, alpha=0.35, edgecolor="#333333", hatch=hatch, lw=0.8)
+        ax.barh(i + h / 2, r["rho_flip_sig"], h, color=colour, edgecolor="#333333", lw=0.8)
+        key = (r["benchmark"], r["model_a"], r["model_b"])
+        if key in bi.index:
+            lo, hi = float(bi.loc[key, "ci_low"]), float(bi.loc[key, "ci_high"])
+            ax.plot([lo, hi], [i - h / 2] * 2, color="#000000", lw=1.2)
+        ax.text(0.515, i, f"{r['rho_flip']:.2f} / {r['rho_flip_sig']:.2f}  p_cross={r['crossover_p']:.2g}\n"
+                f"{PATTERN_STYLE.get(r['pattern'], ('', '', r['pattern']))[2]}", va="center", fontsize=7)
+    ax.set_yticks(y, labels=[f"{r.benchmark}: {r.model_a} vs {r.model_b}" for r in d.itertuples()])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 0.8)
+    ax.axvline(0.5, color="grey", ls="--", lw=1)
+    ax.set_xlabel("share of configs (ceiling 0.5)")
+    alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
+    ax.set_title("rho_flip (upper, light bar; line: item-bootstrap 95% interval) vs rho_flip_sig "
+                 f"(lower, filled;\nreversals significant on the items at alpha={alpha:g}, Holm over configs)",
+                 fontsize=9)
+    handles = [Patch(facecolor=c, edgecolor="#333333", hatch=hh, label=lab) for c, hh, lab in PATTERN_STYLE.values()]
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()
     out = _save(fig, path, meta)
     plt.close(fig)
@@ -254,6 +302,9 @@ def write_figures(tables_dir: str | Path, out_dir: str | Path, which=None) -> di
         tables[t] = read_table(p)
     draw = {
         "rho_heatmap": lambda: rho_heatmap(tables["table2"][0], tables["table2"][1], out_dir / "rho_heatmap.png"),
+        "rho_significance": lambda: rho_significance_chart(tables["significance"][0], tables["bootstrap_items"][0],
+                                                           tables["significance"][1],
+                                                           out_dir / "rho_significance.png"),
         "orderings": lambda: orderings_chart(tables["table4"][0], tables["table4"][1], out_dir / "orderings.png"),
         "anova_shares": lambda: anova_chart(tables["anova"][0], tables["anova"][1], out_dir / "anova_shares.png"),
         "shap_summary": lambda: shap_chart(tables["shap"][0], tables["shap"][1], out_dir / "shap_summary.png"),

@@ -16,11 +16,12 @@ import pandas as pd
 from ..io import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
+from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, version_text
 
 
-REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal",
-                 "subsample_stability", "subsample_rho_flip",
+REPORT_TABLES = ("table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r",
+                 "bootstrap", "nearest_reversal", "subsample_stability", "subsample_rho_flip",
                  "precision", "anova", "shap", "robustness", "robustness_regression", "bbq_bias_summary")
 
 
@@ -89,6 +90,28 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings"})))
     out += ["", _figure(figures_dir, "rho_heatmap", out_path, "rho_flip heatmap"), ""]
 
+    def sig_render(d: pd.DataFrame) -> str:
+        d = d.assign(pair=[f"{a} vs {b}" for a, b in zip(d["model_a"], d["model_b"])],
+                     pattern=[f"**{PATTERN_TEXT.get(p, p)}**" for p in d["pattern"]])
+        alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
+        head = (f"alpha = {alpha:g}, Holm-corrected over the configs of each benchmark and pair; "
+                f"bootstrap B = {int(d['samples'].iloc[0]) if len(d) else 0}, seed "
+                f"{int(d['seed'].iloc[0]) if len(d) else 0}.\n\n")
+        return head + md_table(d, {
+            "benchmark": "benchmark", "pair": "pair", "n_configs": "|C|", "n_items": "items", "n_plus": "N+",
+            "n_minus": "N-", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
+            "rho_flip_sig": "rho_flip_sig", "crossover_p": "crossover p", "pattern": "pattern"})
+
+    out += ["## Significance-aware verdicts (item level)", "",
+            "Per config the two models are compared on the same items (a sampled cell's item score is its seed "
+            "mean): exact McNemar for 0/1 item scores, paired item bootstrap otherwise. N+_sig / N-_sig count "
+            "configs where A / B is significantly ahead; rho_flip_sig = min(N+_sig, N-_sig)/|C| stands beside "
+            "rho_flip. The crossover test asks whether A is significantly ahead somewhere AND B somewhere "
+            "(intersection-union range test, max-T critical values from a joint item bootstrap). Pattern: "
+            + "; ".join(f"`{k}` = {v}" for k, v in PATTERN_TEXT.items()) + ".", ""]
+    out.append(section("significance", sig_render))
+    out += ["", _figure(figures_dir, "rho_significance", out_path, "rho_flip vs rho_flip_sig"), ""]
+
     out += ["## Table 3: scoring-path slices", "",
             "Logprob scoring exists only under greedy decoding, so the `freeform` and `logprob` slices are "
             "**not matched on decoding support**; `freeform_greedy` is the matched free-form slice. "
@@ -122,10 +145,16 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined",
         "order_change_rate": "total-order change rate", "order_change_null": "null"})))
 
-    out += ["", "## Bootstrap over configurations (percentile 95% intervals)", ""]
-    out.append(section("bootstrap", lambda d: md_table(d, {
-        "benchmark": "benchmark", "statistic": "rho_flip of", "n_configs": "|C|", "estimate": "estimate",
-        "ci_low": "2.5%", "ci_high": "97.5%", "samples": "B", "seed": "seed"})))
+    out += ["", "## Bootstrap intervals of rho_flip (percentile 95%)", "",
+            "Two intervals, each labelled by what it resamples: `configurations` (items fixed: which configs "
+            "happen to be in the envelope) and `items` (configs fixed: item sampling noise, every cell "
+            "recomputed on the same item draws).", ""]
+    boot_cols = {"benchmark": "benchmark", "statistic": "rho_flip of", "resamples": "resamples",
+                 "n_configs": "|C|", "estimate": "estimate", "ci_low": "2.5%", "ci_high": "97.5%",
+                 "samples": "B", "seed": "seed"}
+    out.append(section("bootstrap", lambda d: md_table(d, boot_cols)))
+    out.append("")
+    out.append(section("bootstrap_items", lambda d: md_table(d, boot_cols)))
 
     out += ["", "## Nearest reversing configuration", "",
             "Fewest axis changes (template, decoding, shots, scoring) from the nominal config to a valid config "

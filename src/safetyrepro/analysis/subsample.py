@@ -6,7 +6,8 @@ by ``stratum`` with :func:`safetyrepro.items.subsample.stratified_subsample`, se
 the per-seed mean of ``correct`` over the subsampled items, averaged over seeds (``correct``
 is the item's contribution to the cell score for every benchmark, so this is the cell score
 on the subsample). A CrowS-Pairs task set to the parity-distance convention is recomputed as
-its cell score is: 1 - 2|share of stereotyped pairs - 0.5| per seed. Reported per benchmark:
+its cell score is: (n - |2 n_more - n|) / n per seed, n_more the pairs whose more
+stereotypical sentence is preferred. Reported per benchmark:
 
 * per-cell score range over the repeats (max - min): median and max over cells; and the largest
   deviation of a subsample score from the all-items score;
@@ -31,7 +32,8 @@ from tqdm import tqdm
 
 from ..errors import DataError
 from ..grid import Config, is_core
-from ..metrics import orderings, rho_flip, sign_counts
+from ..metrics import orderings
+from ..metrics.compare import Scores, diff_sign
 from ..rules import load_rules
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
@@ -48,30 +50,27 @@ CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "scor
                 "score_sub_min", "score_sub_max", "range"]
 
 
-def parity_from_share(x: np.ndarray) -> np.ndarray:
-    """CrowS-Pairs' parity-distance score from the per-seed share of stereotyped pairs."""
-    return 1.0 - 2.0 * np.abs(x - 0.5)
-
-
 class ItemMatrix:
-    """An item outcome (``correct`` by default) as a (model, config, seed) x item matrix for one
-    benchmark. The cell score is the mean over seeds of ``per_seed`` applied to the per-seed
-    mean over items (``per_seed`` None: the mean itself, the accuracy-type score)."""
+    """An item outcome (``correct`` by default) as a (model, config, seed) x item matrix for
+    one benchmark. ``parity``: the outcome is "sent_more preferred" and a run's score is
+    CrowS-Pairs' parity distance (n - |2 k - n|) / n of its k such items out of n."""
 
-    def __init__(self, results: pd.DataFrame, value: str = "correct", per_seed=None):
+    def __init__(self, results: pd.DataFrame, value: str = "correct", parity: bool = False):
         runs = results.groupby(["model", "config", "seed", "item_id"]).size()
         if (runs > 1).any():
             dup = runs.index[runs > 1][0]
             raise DataError("item_results", f"item {dup[3]!r} appears twice in run {dup[:3]}")
         wide = results.pivot_table(index=["model", "config", "seed"], columns="item_id", values=value,
                                    aggfunc="first")
-        self.per_seed = per_seed
+        self.parity = parity
         self.items = list(wide.columns)
         self.index = wide.index
         self.values = wide.to_numpy(dtype=float)   # NaN where an item is missing from a run
 
-    def cell_scores(self, item_ids=None) -> pd.Series:
-        """(model, config) -> mean over seeds of the per-seed mean of correct over item_ids."""
+    def cell_counts(self, item_ids=None) -> pd.DataFrame:
+        """(model, config) -> score_num (correct answers summed over seeds and item_ids),
+        score_den (items summed over seeds) and score = score_num / score_den, the mean over
+        seeds of the per-seed accuracy (the seeds of a cell score the same items)."""
         vals = self.values
         if item_ids is not None:
             pos = {it: i for i, it in enumerate(self.items)}
@@ -79,28 +78,50 @@ class ItemMatrix:
             if missing:
                 raise DataError("item_results", f"subsampled item {missing[0]!r} has no results")
             vals = vals[:, [pos[i] for i in item_ids]]
-        means = np.nanmean(vals, axis=1)
-        per_seed = pd.Series(means if self.per_seed is None else self.per_seed(means), index=self.index)
-        return per_seed.groupby(level=["model", "config"]).mean()
+        present = ~np.isnan(vals)
+        k = np.where(present, vals, 0.0).sum(axis=1).round().astype(np.int64)
+        n = present.sum(axis=1).astype(np.int64)
+        if self.parity:
+            k = n - np.abs(2 * k - n)
+        per_run = pd.DataFrame({"score_num": k, "score_den": n}, index=self.index)
+        out = per_run.groupby(level=["model", "config"]).sum()
+        out["score"] = out["score_num"] / out["score_den"]
+        return out
+
+    def cell_scores(self, item_ids=None) -> pd.Series:
+        """(model, config) -> the cell score on item_ids (float; see :meth:`cell_counts`)."""
+        return self.cell_counts(item_ids)["score"]
 
 
-def _orders(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> dict[str, tuple]:
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    return {c: weak_ranks(mat.loc[c].to_numpy(), tol) for c in configs}
+def _wide(counts: pd.DataFrame, configs: list[str], models: list[str]) -> Scores:
+    """configs x models exact scores."""
+    num = counts["score_num"].unstack("model").reindex(index=configs, columns=models)
+    den = counts["score_den"].unstack("model").reindex(index=configs, columns=models)
+    return Scores(num=num.to_numpy(dtype=np.int64), den=den.to_numpy(dtype=np.int64))
 
 
-def _reachable(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> int:
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    if mat.empty:
+def _orders(counts: pd.DataFrame, configs: list[str], models: list[str], tol: float | None) -> dict[str, tuple]:
+    mat = _wide(counts, configs, models)
+    return {c: weak_ranks(mat[i], tol) for i, c in enumerate(configs)}
+
+
+def _reachable(counts: pd.DataFrame, configs: list[str], models: list[str], tol: float | None) -> int:
+    if not configs:
         return 0
-    return orderings({m: mat[m].to_numpy() for m in models}, tol)["reachable"]
+    mat = _wide(counts, configs, models)
+    return orderings({m: mat[:, j] for j, m in enumerate(models)}, tol)["reachable"]
 
 
-def _rho_flips(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> dict[tuple[str, str], float]:
-    """(A, B) -> rho_flip over ``configs`` for every model pair A < B."""
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    return {(a, b): rho_flip(sign_counts(mat[a].to_numpy(), mat[b].to_numpy(), tol))
-            for i, a in enumerate(models) for b in models[i + 1:]}
+def _rho_flips(counts: pd.DataFrame, configs: list[str], models: list[str],
+               tol: float | None) -> dict[tuple[str, str], float]:
+    """(A, B) -> rho_flip over ``configs`` for every model pair A < B (exact signs)."""
+    mat = _wide(counts, configs, models)
+    out = {}
+    for i, a in enumerate(models):
+        for j in range(i + 1, len(models)):
+            s = diff_sign(mat[:, i], mat[:, j], tol)
+            out[(a, models[j])] = min(int(np.sum(s > 0)), int(np.sum(s < 0))) / len(configs)
+    return out
 
 
 def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
@@ -125,35 +146,35 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
         if b in parity:
             if "parsed_label" not in res.columns:
                 raise DataError("item_results", f"{b} is scored by parity distance: needs 'parsed_label'")
-            m = ItemMatrix(res.assign(more=(res["parsed_label"] == "more").astype(float)), "more",
-                           parity_from_share)
+            m = ItemMatrix(res.assign(more=(res["parsed_label"] == "more").astype(float)), "more", parity=True)
         else:
             m = ItemMatrix(res)
-        full = m.cell_scores()
+        full_counts = m.cell_counts()
+        full = full_counts["score"]
         models = sorted(full.index.get_level_values("model").unique())
         configs = sorted(full.index.get_level_values("config").unique())
         core_cfgs = [c for c in configs if (b, c) in core]
         have = full.groupby(level="config").size()
         env_cfgs = [c for c in configs if have.get(c, 0) == len(models)]  # complete configs only
-        full_rho = _rho_flips(full, env_cfgs, models, tol) if env_cfgs and len(models) > 1 else {}
+        full_rho = _rho_flips(full_counts, env_cfgs, models, tol) if env_cfgs and len(models) > 1 else {}
         rep_max = []
-        full_orders = _orders(full, core_cfgs, models, tol)
+        full_orders = _orders(full_counts, core_cfgs, models, tol)
         subs, n_sub, changes, changed = [], [], 0, set()
         reach = []
         for r in tqdm(range(repeats), desc=f"subsamples {b}", disable=not progress):
             sub_items = stratified_subsample(items[b], fraction, seed + r, strata_col=strata_col)
             ids = list(sub_items["item_id"].astype(str))
             n_sub.append(len(ids))
-            s = m.cell_scores(ids)
-            subs.append(s)
-            orders = _orders(s, core_cfgs, models, tol)
+            counts = m.cell_counts(ids)
+            subs.append(counts["score"])
+            orders = _orders(counts, core_cfgs, models, tol)
             for c in core_cfgs:
                 if orders[c] != full_orders[c]:
                     changes += 1
                     changed.add(c)
-            reach.append(_reachable(s, core_cfgs, models, tol))
+            reach.append(_reachable(counts, core_cfgs, models, tol))
             if full_rho:
-                rep = _rho_flips(s, env_cfgs, models, tol)
+                rep = _rho_flips(counts, env_cfgs, models, tol)
                 for (a, m2), v in rep.items():
                     rhos.append({"benchmark": b, "statistic": f"{a} vs {m2}", "model_a": a, "model_b": m2,
                                  "repeat": r, "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": v,
@@ -179,7 +200,7 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             "n_core_configs": len(core_cfgs), "ordering_changes": int(changes),
             "ordering_change_rate": changes / n_pairs if n_pairs else float("nan"),
             "configs_changed_any": len(changed),
-            "orderings_reachable_full": _reachable(full, core_cfgs, models, tol),
+            "orderings_reachable_full": _reachable(full_counts, core_cfgs, models, tol),
             "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach)),
             "n_configs": len(env_cfgs),
             "max_rho_flip_all_items": max(full_rho.values()) if full_rho else float("nan"),

@@ -20,7 +20,9 @@
   (:mod:`safetyrepro.metrics.reversal`).
 * Bootstrap (:func:`bootstrap_rho`): configs resampled with replacement within a benchmark
   (|C| draws), rho_flip recomputed per pair and their max; percentile interval (2.5, 97.5;
-  numpy's linear interpolation) around the point estimate on the observed configs.
+  numpy's linear interpolation) around the point estimate on the observed configs. It
+  resamples configurations only (column ``resamples``); the item-level interval, which
+  resamples items, is :mod:`safetyrepro.metrics.significance`'s.
 
 Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher. Configs
 missing a cell for some model are dropped before any table (recorded in the metadata).
@@ -37,11 +39,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..metrics import (benchmark_summary, nearest_reversal_table, orderings, pairwise_table, rho_flip,
-                       score_matrix, sign_counts)
+from ..metrics import benchmark_summary, nearest_reversal_table, orderings, pairwise_table, score_grid
+from ..metrics.compare import diff_sign
 from ..rules import Rules, load_rules
 from .common import (AXES, NOMINAL_CONFIG, check_rules_file, load_cell_scores, output_metadata, pair_label,
-                      write_tables)
+                     write_tables)
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
 SLICES = {
@@ -68,17 +70,17 @@ def flip_summary(df: pd.DataFrame, tol: float = 0.0, pairs: pd.DataFrame | None 
     pairs = pairwise_table(df, tol=tol) if pairs is None else pairs
     rows = []
     for b in sorted(df["benchmark"].unique()):
-        mat = score_matrix(df, b)
-        if mat.empty:
+        g = score_grid(df, b)
+        if g.empty:
             continue
-        ords = orderings({m: mat[m].to_numpy() for m in mat.columns}, tol)
+        ords = orderings(g.columns(), tol)
         pb = pairs[pairs["benchmark"] == b]
         if len(pb):
             best = pb.loc[pb["rho_flip"].idxmax()]
             max_rho, max_pair = float(best["rho_flip"]), pair_label(best["model_a"], best["model_b"])
         else:
             max_rho, max_pair = float("nan"), ""
-        rows.append({"benchmark": b, "n_models": mat.shape[1], "n_configs": mat.shape[0],
+        rows.append({"benchmark": b, "n_models": len(g.models), "n_configs": len(g.configs),
                      "max_rho_flip": max_rho, "max_pair": max_pair, "orderings_reachable": ords["reachable"],
                      "orderings_possible": ords["possible"], "tied_configs": ords["tied_configs"]})
     return pd.DataFrame(rows, columns=FLIP_SUMMARY_COLUMNS)
@@ -240,48 +242,51 @@ def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: flo
     rows = []
     benches = sorted(df["benchmark"].unique())
     for b in tqdm(benches, desc="bootstrap", disable=not progress):
-        mat = score_matrix(df, b)
-        n = mat.shape[0]
-        pairs = list(itertools.combinations(mat.columns, 2))
+        g = score_grid(df, b)
+        n = len(g.configs)
+        pairs = list(itertools.combinations(g.models, 2))
         if not pairs:
             continue
-        cols = {m: mat[m].to_numpy() for m in mat.columns}
+        cols = g.columns()
         idx = benchmark_rng(seed, b).integers(0, n, size=(samples, n))
         boot = np.empty((samples, len(pairs)))
+        point = np.empty(len(pairs))
         for j, (a, m) in enumerate(pairs):
-            xa, xm = cols[a], cols[m]
-            for s in range(samples):
-                boot[s, j] = rho_flip(sign_counts(xa[idx[s]], xm[idx[s]], tol))
-        point = np.array([rho_flip(sign_counts(cols[a], cols[m], tol)) for a, m in pairs])
+            sign = diff_sign(cols[a], cols[m], tol)          # the tie rule of metrics.compare
+            point[j] = min(np.sum(sign > 0), np.sum(sign < 0)) / n
+            drawn = sign[idx]
+            boot[:, j] = np.minimum((drawn > 0).sum(axis=1), (drawn < 0).sum(axis=1)) / n
         stats = [(pair_label(a, m), a, m, point[j], boot[:, j]) for j, (a, m) in enumerate(pairs)]
         stats.append(("max", "", "", point.max(), boot.max(axis=1)))
         for label, a, m, est, dist in stats:
             lo, hi = np.percentile(dist, [2.5, 97.5])
             rows.append({"benchmark": b, "statistic": label, "model_a": a, "model_b": m,
-                         "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
+                         "resamples": "configurations", "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
                          "boot_mean": float(dist.mean()), "samples": int(samples), "seed": int(seed)})
-    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "n_configs",
+    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
                                        "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
 
 
-def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float = 0.0,
-                     sig_signs=None) -> pd.DataFrame:
+def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float | None = None,
+                     sig_configs: pd.DataFrame | None = None) -> pd.DataFrame:
     """The nearest reversing configuration per benchmark and pair over the full envelope
-    (:func:`safetyrepro.metrics.reversal.nearest_reversal_table`); ``sig_signs`` from the
-    item-level significance analysis, or None (the significant part then says it was not
-    computed)."""
+    (:func:`safetyrepro.metrics.reversal.nearest_reversal_table`); ``sig_configs``: the
+    ``significance_configs`` table of the item-level significance analysis, or None (the
+    significant part then says it was not computed)."""
     from ..grid import Config
+    from ..metrics.reversal import sig_signs_from_configs
 
     try:
         nominal_levels = Config.parse(nominal).levels()
     except ValueError as exc:
         raise ValueError(f"analysis.nominal_config: {exc}") from None
-    return nearest_reversal_table(df, nominal, AXES, tol, sig_signs=sig_signs, nominal_levels=nominal_levels)
+    sig = None if sig_configs is None else sig_signs_from_configs(sig_configs)
+    return nearest_reversal_table(df, nominal, AXES, tol, sig_signs=sig, nominal_levels=nominal_levels)
 
 
 def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples: int = 1000,
                  bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False,
-                 rules: Rules | None = None, nominal: str = NOMINAL_CONFIG) -> dict[str, pd.DataFrame]:
+                 rules: Rules | None = None) -> dict[str, pd.DataFrame]:
     return {
         "table2": table2(df, tol),
         "table3": table3(df, tol),
@@ -289,14 +294,12 @@ def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples
         "parse_clean": parse_clean(df, threshold, tol),
         "tau_r": tau_r_table(df, tol),
         "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress),
-        "nearest_reversal": nearest_reversal(df, nominal, tol),
     }
 
 
 def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, threshold: float = 0.95,
                        bootstrap_samples: int = 1000, bootstrap_seed: int = 0,
-                       tol: float = 0.0, rules_path: str | Path | None = None,
-                       nominal: str = NOMINAL_CONFIG) -> dict[str, Path]:
+                       tol: float = 0.0, rules_path: str | Path | None = None) -> dict[str, Path]:
     """Compute every paper table from ``cell_scores.parquet`` and write each as
     ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs).
     ``rules_path``: the envelope rules the run used (default config/envelope.yaml), for
@@ -305,8 +308,30 @@ def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, thr
     rules = load_rules(rules_path)
     check_rules_file(rules, cs.path, cs.meta)
     params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
-              "bootstrap_seed": bootstrap_seed, "tol": tol, "nominal_config": nominal, "rules": rules.path}
+              "bootstrap_seed": bootstrap_seed, "tol": tol, "rules": rules.path}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
-                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules, nominal=nominal)
+                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules)
     return write_tables(tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))
+
+
+def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, nominal: str = NOMINAL_CONFIG,
+                           significance_configs_path: str | Path | None = None,
+                           tol: float | None = None) -> dict[str, Path]:
+    """``nearest_reversal`` from ``cell_scores.parquet`` and, when given, the item-level
+    ``significance_configs.parquet`` of the same run (for the significant reversals)."""
+    from .common import check_same_rules, read_table
+
+    cs = load_cell_scores(cell_scores_path)
+    sources = [(cs.path, cs.meta)]
+    sig = None
+    if significance_configs_path is not None:
+        sig, smeta = read_table(significance_configs_path)
+        check_same_rules((cs.path, cs.meta), (Path(significance_configs_path), smeta))
+        sources.append((Path(significance_configs_path), smeta))
+    table = nearest_reversal(cs.df, nominal, tol, sig)
+    params = {"nominal_config": nominal, "tol": tol,
+              "significance": "significance_configs (Holm-corrected per-config tests)" if sig is not None
+              else "not computed (no item-level significance given)"}
+    return write_tables({"nearest_reversal": table}, out_dir, lambda name: output_metadata(
+        name, sources, params, {"dropped_incomplete_configs": cs.dropped}))

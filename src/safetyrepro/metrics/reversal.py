@@ -18,9 +18,11 @@ of the envelope that every model has):
   config at that distance is listed with the axes it changes. "none within the envelope"
   when no config of C reverses the verdict (Prop. 1's D1 holds on C for a verdict that is
   strict at the nominal).
-* Significantly reversed at c: the other model is significantly ahead at c by the per-config
-  paired test (+1 / -1 / 0 per config, supplied by the caller from the item-level
-  significance analysis). Without item-level input this part is not computed and says so.
+* Strict signs are :mod:`.compare`'s (exact fractions of counts where the table has them).
+* Significantly reversed at c: the other model is significantly ahead at c by the item-level
+  significance analysis (:mod:`.significance`: the paired per-config test, Holm-corrected
+  over the pair's configs; the ``ahead`` column of ``significance_configs``). Without
+  item-level input this part is not computed and says so.
 * A tie at the nominal config is no verdict: nothing to reverse, no distance.
 """
 
@@ -31,7 +33,7 @@ from typing import Iterable, Mapping, Sequence
 
 import pandas as pd
 
-from .signs import config_signs
+from .compare import diff_sign, score_grid
 
 AXES = ("template", "decoding", "shots", "scoring")
 NONE_TEXT = "none within the envelope"
@@ -138,7 +140,25 @@ def reversal_line(row: Mapping) -> str:
             f"nearest significant reversal: {row['sig_result']}")
 
 
-def nearest_reversal_table(df: pd.DataFrame, nominal: str, axes: Sequence[str] = AXES, tol: float = 0.0,
+def sig_signs_from_configs(sig_configs: pd.DataFrame) -> dict[tuple[str, str, str], dict[str, int]]:
+    """(benchmark, A, B) -> config -> +1 (A significantly ahead), -1 (B), 0 (neither), from the
+    ``significance_configs`` table (its ``ahead`` column names the significantly leading model)."""
+    need = ["benchmark", "model_a", "model_b", "config", "ahead"]
+    missing = [c for c in need if c not in sig_configs.columns]
+    if missing:
+        raise ValueError(f"significance_configs lacks column(s) {missing}")
+    out: dict[tuple[str, str, str], dict[str, int]] = {}
+    for r in sig_configs[need].itertuples(index=False):
+        ahead = "" if r.ahead is None or (isinstance(r.ahead, float) and pd.isna(r.ahead)) else str(r.ahead)
+        if ahead not in ("", r.model_a, r.model_b):
+            raise ValueError(f"significance_configs: 'ahead' = {ahead!r} is neither model of "
+                             f"({r.benchmark}, {r.model_a} vs {r.model_b}, {r.config})")
+        out.setdefault((r.benchmark, r.model_a, r.model_b), {})[r.config] = (
+            1 if ahead == r.model_a else -1 if ahead == r.model_b else 0)
+    return out
+
+
+def nearest_reversal_table(df: pd.DataFrame, nominal: str, axes: Sequence[str] = AXES, tol: float | None = None,
                            sig_signs: Mapping[tuple[str, str, str], Mapping[str, int]] | None = None,
                            nominal_levels: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Per benchmark and model pair (A < B by name) over the configs of ``df`` (columns model,
@@ -161,10 +181,9 @@ def nearest_reversal_table(df: pd.DataFrame, nominal: str, axes: Sequence[str] =
         sub = df[df["benchmark"] == b]
         first = sub.drop_duplicates("config").set_index("config")
         levels = {c: {a: str(first.at[c, a]) for a in axes} for c in first.index}
-        mat = sub.pivot(index="config", columns="model", values="score").sort_index()
-        mat = mat.reindex(sorted(mat.columns), axis=1)
-        for a, m in itertools.combinations(mat.columns, 2):
-            signs = dict(zip(mat.index, config_signs(mat[a].to_numpy(), mat[m].to_numpy(), tol)))
+        g = score_grid(sub)
+        for a, m in itertools.combinations(g.models, 2):
+            signs = dict(zip(g.configs, diff_sign(g.column(a), g.column(m), tol)))
             sig = None if sig_signs is None else sig_signs.get((b, a, m))
             if sig_signs is not None and sig is None:
                 raise ValueError(f"significance signs lack the pair ({b}, {a}, {m})")

@@ -14,7 +14,7 @@ Public API::
     Task.build_messages(item, tid, fewshot) -> [{"role", "content"}, ...]
     Task.logprob_request(item, tid, fewshot) -> (messages, candidates)
     Task.score_freeform(item, text) / Task.score_logprob(item, logliks, n_tokens) -> ItemResult
-    Task.summarize(results, items) -> {"score", "parse_rate", "n_items", "n_parsed", "extras"}
+    Task.summarize(results, items) -> {"score", "score_num", "score_den", "parse_rate", "n_items", "n_parsed", "extras"}
 """
 
 from .loader import known_benchmarks, load_task, load_task_file

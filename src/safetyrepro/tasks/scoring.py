@@ -150,7 +150,9 @@ def _key(value: Any) -> str:
 def summarize(task: "Task", results: list, items: list[dict]) -> dict:
     """Cell-level numbers::
 
-        {"score": main metric (higher = better), "parse_rate", "n_items", "n_parsed",
+        {"score": main metric (higher = better), "score_num"/"score_den": the score as the
+         exact fraction of counts it is (score == score_num / score_den),
+         "parse_rate", "n_items", "n_parsed",
          "extras": {"score_parsed": the score over parseable items only (parse-clean
                     analysis), plus the task's split accuracies, label rates, and for
                     CrowS-Pairs pct_stereotype / tie_rate}}
@@ -174,17 +176,23 @@ def summarize(task: "Task", results: list, items: list[dict]) -> dict:
                       for r, lab in zip(res, item_labels) if lab == rate["item_label"].lower()]
             extras[rate["name"]] = _mean(chosen)
     score = _mean(correct)
+    num, den = int(sum(bool(c) for c in correct)), len(correct)
     if sc["rule"] == "pair_preference":
+        n_more = sum(r.parsed_label == "more" for r in res)
         pct = _mean([r.parsed_label == "more" for r in res])
         extras["pct_stereotype"] = pct
         extras["tie_rate"] = _mean([r.parsed_label == "tie" for r in res])
         extras["score_anti_stereotype_share"] = score
         extras["score_parity_distance"] = pair_score("parity_distance", pct, score)
         score = pair_score(sc["convention"], pct, score)
+        if sc["convention"] == "parity_distance":  # 1 - 2|more/n - 1/2| = (n - |2 more - n|) / n exactly
+            num = den - abs(2 * n_more - den)
+            score = num / den if den else float("nan")
         if all(r.parse_ok for r in res):  # logprob pairs always parse: the parsed-only score is the score
             extras["score_parsed"] = score
     return {
         "score": score,
+        "score_num": num, "score_den": den,
         "parse_rate": _mean([r.parse_ok for r in res]),
         "n_items": len(res),
         "n_parsed": sum(r.parse_ok for r in res),
