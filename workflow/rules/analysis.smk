@@ -181,4 +181,4 @@ rule cards:
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'
-        " --significance {input.significance} --out-dir {params.out_dir} > {log} 2>&1'
+        " --significance {input.significance} --out-dir {params.out_dir} > {log} 2>&1"

@@ -69,7 +69,14 @@ def all_targets():
 TABLES = f"{RESULTS}/tables"
 PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
 SIGNIFICANCE_TABLES = ["significance", "significance_configs", "bootstrap_items"]
-FIGURES = ["rho_heatmap", "rho_significance", "orderings", "anova_shares", "shap_summary", "consistency"]
+FIGURES = [
+    "rho_heatmap",
+    "rho_significance",
+    "orderings",
+    "anova_shares",
+    "shap_summary",
+    "consistency",
+]
 
 
 def analysis_targets():
