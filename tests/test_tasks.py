@@ -414,7 +414,8 @@ def test_summarize_bbq_with_splits_and_parse_failures():
     # ambig: n=0 (A ok), 2 (garbage), 4 (B ok) -> 2/3; disambig: n=1 ok, 3 wrong, 5 ok -> 2/3
     assert s["extras"]["acc_ambig"] == pytest.approx(2 / 3)
     assert s["extras"]["acc_disambig"] == pytest.approx(2 / 3)
-    assert set(s) == {"score", "parse_rate", "n_items", "n_parsed", "extras"}
+    assert set(s) == {"score", "score_num", "score_den", "parse_rate", "n_items", "n_parsed", "extras"}
+    assert (s["score_num"], s["score_den"]) == (4, 6) and s["score"] == s["score_num"] / s["score_den"]
     assert set(s["extras"]) == {"score_parsed", "acc_ambig", "acc_disambig"}
     # results read back as row dicts (e.g. from a Parquet shard) summarise the same
     assert task.summarize([r.as_dict() for r in results], items) == s

@@ -33,7 +33,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..metrics import benchmark_summary, orderings, pairwise_table, score_grid
-from ..metrics.compare import diff_sign
+from ..metrics.compare import diff_sign, has_exact, tie_rule
 from .common import load_cell_scores, output_metadata, pair_label, write_tables
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
@@ -227,7 +227,8 @@ def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, thr
     ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs)."""
     cs = load_cell_scores(cell_scores_path)
     params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
-              "bootstrap_seed": bootstrap_seed, "tol": tol}
+              "bootstrap_seed": bootstrap_seed, "tol": tol,
+              "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict()}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
                           bootstrap_seed=bootstrap_seed, tol=tol, progress=True)
     return write_tables(tables, out_dir, lambda name: output_metadata(
