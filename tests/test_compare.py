@@ -79,3 +79,39 @@ def test_pair_stats_and_grid_from_long_table():
     assert g.exact and g.configs == ["c1", "c2"] and g.models == ["A", "B"]
     st = pair_stats(g.column("A"), g.column("B"))
     assert (st["n_plus"], st["n_minus"], st["n_zero"], st["d1"], st["d2"]) == (1, 0, 1, True, False)
+
+
+def _seed_results(model: str, config: str, seeds: list[int], n_items: int = 12) -> list[dict]:
+    rows = []
+    for s, k in enumerate(seeds):
+        for i in range(n_items):
+            rows.append({"model": model, "config": config, "seed": s, "item_id": f"i{i:02d}", "correct": i < k})
+    return rows
+
+
+def test_subsample_counts_and_ordering_see_the_exact_tie():
+    from safetyrepro.analysis.subsample import ItemMatrix, _orders
+
+    res = pd.DataFrame(_seed_results("A", "c1", SEEDS_A) + _seed_results("B", "c1", SEEDS_B))
+    m = ItemMatrix(res)
+    counts = m.cell_counts()
+    assert counts.loc[("A", "c1"), "score_num"] == counts.loc[("B", "c1"), "score_num"] == 28
+    assert counts.loc[("A", "c1"), "score_den"] == 60
+    assert _orders(counts, ["c1"], ["A", "B"], None) == {"c1": (0, 0)}
+    # the old float path (mean over seeds of per-seed means) would have ranked them
+    per_seed = res.groupby(["model", "seed"])["correct"].mean().groupby("model").mean()
+    assert per_seed["A"] != per_seed["B"]
+
+
+def test_shap_sign_classifier_drops_the_exact_tie():
+    from safetyrepro.analysis.variance import fit_sign_classifier
+
+    cfgs = ["T1-greedy-k0-freeform", "T1-t0.7-k0-freeform", "T2-greedy-k0-freeform"]
+    df = pd.DataFrame({"model": ["A", "B"] * 3, "benchmark": "bbq", "config": np.repeat(cfgs, 2),
+                       "score": [MEAN_A, MEAN_B, 0.6, 0.5, 0.5, 0.6],
+                       "score_num": [28, 28, 36, 30, 30, 36], "score_den": [60] * 6})
+    g = score_grid(df, "bbq")
+    levels = pd.DataFrame({"template": ["T1", "T1", "T2"], "decoding": ["greedy", "t0.7", "greedy"],
+                           "shots": "k0", "scoring": "freeform"}, index=cfgs)
+    _, _, n_rows, n_ties, _ = fit_sign_classifier(g, levels, "A", "B")
+    assert (n_rows, n_ties) == (2, 1)

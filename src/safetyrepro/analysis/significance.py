@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import DataError
-from ..metrics.compare import has_exact
+from ..metrics.compare import has_exact, tie_rule
 from ..metrics.significance import item_grid_from_results, significance_tables
 from .common import check_same_rules, load_cell_scores, load_item_results, output_metadata, write_tables
 
@@ -62,6 +62,7 @@ def write_significance(cell_scores_path: str | Path, item_results_path: str | Pa
     grids = grids_for(cs.df, results, str(ipath))
     tables = significance_tables(grids, alpha, samples, seed, tol)
     params = {"alpha": alpha, "bootstrap_samples": samples, "bootstrap_seed": seed, "tol": tol,
+              "tie_rule": tie_rule(tol, exact=all(g.exact for g in grids)).as_dict(),
               "correction": "holm over configs per (benchmark, pair)",
               "n_items": {g.benchmark: g.n_items for g in grids}}
     return write_tables(tables, out_dir, lambda name: output_metadata(

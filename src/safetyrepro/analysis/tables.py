@@ -40,7 +40,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..metrics import benchmark_summary, nearest_reversal_table, orderings, pairwise_table, score_grid
-from ..metrics.compare import diff_sign
+from ..metrics.compare import diff_sign, has_exact, tie_rule
 from ..rules import Rules, load_rules
 from .common import (AXES, NOMINAL_CONFIG, check_rules_file, load_cell_scores, output_metadata, pair_label,
                      write_tables)
@@ -308,7 +308,8 @@ def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, thr
     rules = load_rules(rules_path)
     check_rules_file(rules, cs.path, cs.meta)
     params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
-              "bootstrap_seed": bootstrap_seed, "tol": tol, "rules": rules.path}
+              "bootstrap_seed": bootstrap_seed, "tol": tol, "rules": rules.path,
+              "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict()}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
                           bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules)
     return write_tables(tables, out_dir, lambda name: output_metadata(
@@ -330,7 +331,7 @@ def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, no
         check_same_rules((cs.path, cs.meta), (Path(significance_configs_path), smeta))
         sources.append((Path(significance_configs_path), smeta))
     table = nearest_reversal(cs.df, nominal, tol, sig)
-    params = {"nominal_config": nominal, "tol": tol,
+    params = {"nominal_config": nominal, "tol": tol, "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
               "significance": "significance_configs (Holm-corrected per-config tests)" if sig is not None
               else "not computed (no item-level significance given)"}
     return write_tables({"nearest_reversal": table}, out_dir, lambda name: output_metadata(
