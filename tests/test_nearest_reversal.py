@@ -90,8 +90,11 @@ def test_significant_reversal_uses_supplied_per_config_significance(cells):
     assert ab.strict_distance == 2 and ab.sig_distance == 3 and ab.sig_configs == "T3-t0.7-k5-freeform"
     assert ab.sig_axes == "template+decoding+shots" and ab.n_sig_reversing == 1
     assert _row(t, "bbq", "A", "C").sig_result == NONE_TEXT
-    with pytest.raises(ValueError, match="lack the pair"):
-        nearest_reversal_table(bbq, NOM, sig_signs={("bbq", "A", "B"): sig[("bbq", "A", "B")]})
+    # a pair the significance analysis has no rows for says so instead of inventing a result
+    part = nearest_reversal_table(bbq, NOM, sig_signs={("bbq", "A", "B"): sig[("bbq", "A", "B")]})
+    assert _row(part, "bbq", "A", "B").sig_distance == 3
+    assert "no rows for this pair" in _row(part, "bbq", "A", "C").sig_result
+    assert pd.isna(_row(part, "bbq", "A", "C").sig_distance)
 
 
 def test_tol_turns_a_small_reversal_into_a_tie(cells):

@@ -59,12 +59,17 @@ def write_significance(cell_scores_path: str | Path, item_results_path: str | Pa
     ipath = Path(item_results_path)
     results, imeta = load_item_results(ipath, ["model", "benchmark", "config", "seed", "item_id", "correct"])
     check_same_rules((cs.path, cs.meta), (ipath, imeta))
-    grids = grids_for(cs.df, results, str(ipath))
+    from ..tasks import score_is_item_mean
+
+    # a cell score that is not a mean over items (CrowS-Pairs' parity distance) has no paired item test
+    skipped = {b: "cell score is not a mean over items (parity_distance convention)"
+               for b in sorted(cs.df["benchmark"].unique()) if not score_is_item_mean(b)}
+    grids = grids_for(cs.df[~cs.df["benchmark"].isin(list(skipped))], results, str(ipath))
     tables = significance_tables(grids, alpha, samples, seed, tol)
     params = {"alpha": alpha, "bootstrap_samples": samples, "bootstrap_seed": seed, "tol": tol,
               "tie_rule": tie_rule(tol, exact=all(g.exact for g in grids)).as_dict(),
               "correction": "holm over configs per (benchmark, pair)",
-              "n_items": {g.benchmark: g.n_items for g in grids}}
+              "n_items": {g.benchmark: g.n_items for g in grids}, "skipped_benchmarks": skipped}
     return write_tables(tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta), (ipath, imeta)], params, {"dropped_incomplete_configs": cs.dropped}))
 

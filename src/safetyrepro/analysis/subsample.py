@@ -213,11 +213,9 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
 
 def _parity_scored(benchmark: str) -> bool:
     """True when the benchmark's task scores cells by CrowS-Pairs' parity distance."""
-    from ..tasks import known_benchmarks, load_task
+    from ..tasks import score_is_item_mean
 
-    if benchmark not in known_benchmarks():
-        return False
-    return load_task(benchmark).content["scoring"].get("convention") == "parity_distance"
+    return not score_is_item_mean(benchmark)
 
 
 def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:

@@ -38,6 +38,7 @@ from .compare import diff_sign, score_grid
 AXES = ("template", "decoding", "shots", "scoring")
 NONE_TEXT = "none within the envelope"
 NO_SIG_TEXT = "not computed: needs item-level significance (item results)"
+NO_SIG_BENCH_TEXT = "not computed: the significance analysis has no rows for this pair (benchmark skipped there)"
 
 REVERSAL_COLUMNS = ["benchmark", "model_a", "model_b", "pair", "n_configs", "nominal_config",
                     "nominal_used", "nominal_leader", "nominal_sign", "strict_distance", "strict_configs",
@@ -185,9 +186,10 @@ def nearest_reversal_table(df: pd.DataFrame, nominal: str, axes: Sequence[str] =
         for a, m in itertools.combinations(g.models, 2):
             signs = dict(zip(g.configs, diff_sign(g.column(a), g.column(m), tol)))
             sig = None if sig_signs is None else sig_signs.get((b, a, m))
+            row = {"benchmark": b, **pair_reversal(levels, signs, nominal, nominal_levels, a, m, sig, axes)}
             if sig_signs is not None and sig is None:
-                raise ValueError(f"significance signs lack the pair ({b}, {a}, {m})")
-            rows.append({"benchmark": b, **pair_reversal(levels, signs, nominal, nominal_levels, a, m, sig, axes)})
+                row["sig_result"] = NO_SIG_BENCH_TEXT
+            rows.append(row)
     out = pd.DataFrame(rows, columns=REVERSAL_COLUMNS)
     for col in ("strict_distance", "sig_distance"):
         out[col] = out[col].astype("Int64")

@@ -42,6 +42,15 @@ def load_task(benchmark: str) -> Task:
     return task
 
 
+def score_is_item_mean(benchmark: str) -> bool:
+    """Whether the benchmark's cell score is the mean of its items' ``correct`` (every rule
+    except CrowS-Pairs under the ``parity_distance`` convention). Unknown benchmarks (external
+    tables) are taken as item means."""
+    if benchmark not in known_benchmarks():
+        return True
+    return load_task(benchmark).content["scoring"].get("convention") != "parity_distance"
+
+
 def load_task_file(path: str | Path) -> Task:
     """Load and fully validate one task file (not cached)."""
     path = Path(path)
