@@ -191,3 +191,27 @@ def test_certify_nominal_needs_axis_columns(cells, tmp_path):
         certify(p, nominal=NOM)
     with pytest.raises(DataError, match="does not split"):
         certify(_external(tmp_path, cells), ["template", "decoding", "shots", "scoring"], nominal="T9-x")
+
+
+def test_certify_item_level_nominal_reports_the_nearest_significant_reversal(tmp_path):
+    # 40 items, 0/1 scores (exact McNemar, Holm over the 3 configs):
+    #   NOM                    A right on 35, B on 5  (30 discordant for A)  -> A ahead, significant
+    #   T2-greedy-k0-freeform  A right on 20, B on 21 (1 discordant for B)   -> B strictly ahead, not significant
+    #   T2-greedy-k3-freeform  A right on 5,  B on 35 (30 discordant for B)  -> B significantly ahead
+    # nearest strict reversal: 1 change (template); nearest significant: 2 changes (template, shots)
+    right = {NOM: (range(35), range(5)), "T2-greedy-k0-freeform": (range(20), range(21)),
+             "T2-greedy-k3-freeform": (range(5), range(35))}
+    rows = []
+    for cfg, (ra, rb) in right.items():
+        t, d, k, s = cfg.split("-")
+        for m, r in (("A", set(ra)), ("B", set(rb))):
+            rows += [{"model": m, "benchmark": "bbq", "template": t, "decoding": d, "shots": k, "scoring": s,
+                      "item": f"i{i}", "score": int(i in r)} for i in range(40)]
+    p = tmp_path / "items.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    res = certify(p, ["template", "decoding", "shots", "scoring"], nominal=NOM, samples=200)
+    r = _row(res.reversal, "bbq", "A", "B")
+    assert r.nominal_leader == "A" and r.strict_distance == 1 and r.strict_configs == "T2-greedy-k0-freeform"
+    assert r.sig_distance == 2 and r.sig_configs == "T2-greedy-k3-freeform" and r.sig_axes == "template+shots"
+    sig = res.significance["significance_configs"].set_index("config")
+    assert sig.loc["T2-greedy-k0-freeform", "ahead"] == "" and sig.loc["T2-greedy-k3-freeform", "ahead"] == "B"
