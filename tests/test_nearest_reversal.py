@@ -215,3 +215,17 @@ def test_certify_item_level_nominal_reports_the_nearest_significant_reversal(tmp
     assert r.sig_distance == 2 and r.sig_configs == "T2-greedy-k3-freeform" and r.sig_axes == "template+shots"
     sig = res.significance["significance_configs"].set_index("config")
     assert sig.loc["T2-greedy-k0-freeform", "ahead"] == "" and sig.loc["T2-greedy-k3-freeform", "ahead"] == "B"
+
+
+def test_report_shows_a_line_per_pair_and_whole_distances(cells, tmp_path):
+    from safetyrepro.analysis.report_md import build_report
+    from safetyrepro.analysis.tables import write_nearest_reversal
+
+    src = write_hand(cells, tmp_path / "cell_scores.parquet")
+    write_nearest_reversal(src, tmp_path / "t", NOM)
+    report = build_report(tmp_path / "t", tmp_path / "figs", tmp_path / "report.md")
+    assert ("- bbq, A vs B: A ahead at T1-greedy-k0-freeform; nearest strict reversal: 2 axis changes: "
+            "T2-greedy-k0-logprob (template, scoring); T2-greedy-k3-freeform (template, shots); "
+            "nearest significant reversal: not computed") in report
+    row = next(line for line in report.splitlines() if line.startswith("| bbq | A vs B |"))
+    assert "| 2 |" in row and "2.000" not in row

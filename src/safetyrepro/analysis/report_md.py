@@ -162,7 +162,8 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("nearest_reversal", lambda d: "\n".join(
         f"- {reversal_line(r)}" for r in d.to_dict("records"))))
     out += [""]
-    out.append(section("nearest_reversal", lambda d: md_table(d, {
+    out.append(section("nearest_reversal", lambda d: md_table(d.astype({"strict_distance": "Int64",
+                                                                         "sig_distance": "Int64"}), {
         "benchmark": "benchmark", "pair": "pair", "nominal_used": "reference config", "nominal_leader": "ahead there",
         "strict_distance": "strict: axis changes", "strict_configs": "config(s)", "strict_axes": "axes",
         "n_strict_reversing": "configs reversing", "sig_distance": "significant: axis changes",
