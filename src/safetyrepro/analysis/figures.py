@@ -154,6 +154,8 @@ def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
     possible = int(t4["orderings_possible"].max())
     for k, e in enumerate(envs):
         sub = t4[t4["envelope"] == e].set_index("benchmark").reindex(benches)
+        if "n_configs" in sub:  # an envelope without configs on a benchmark has no value to draw: n/a
+            sub.loc[sub["n_configs"] == 0, ["orderings_reachable", "max_rho_flip"]] = np.nan
         for ax, col in zip(axes, ("orderings_reachable", "max_rho_flip")):
             bars = ax.bar(x + (k - (len(envs) - 1) / 2) * w, sub[col].to_numpy(dtype=float), w,
                           label=f"{e} envelope", color=colors[e])
