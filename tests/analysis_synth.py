@@ -64,10 +64,11 @@ def make_items(benchmark: str, n_items: int, rng) -> pd.DataFrame:
 
 
 def make_dataset(out: Path, n_items: int = 40, seed: int = 7, models=MODELS, benchmarks=None,
-                 quantization: str = "nf4", configs_filter=None) -> dict:
-    """Write items/<b>.parquet, item_results.parquet and cell_scores.parquet under ``out``."""
+                 quantization: str = "nf4", configs_filter=None, rules_path=None) -> dict:
+    """Write items/<b>.parquet, item_results.parquet and cell_scores.parquet under ``out``
+    (over the envelope of ``rules_path``, default the project's rules)."""
     rng = np.random.default_rng(seed)
-    rules = load_rules()
+    rules = load_rules(rules_path)
     benchmarks = benchmarks or rules.benchmarks
     out = Path(out)
     item_rows, cell_rows = [], []

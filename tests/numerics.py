@@ -249,7 +249,12 @@ class Sequence:
 
 
 class Trace:
-    """Every decision of the engine's sampler inside ``with trace.recording():``, per sequence."""
+    """Every decision of the engine's sampler inside ``with trace.recording():``, per sequence.
+
+    A sequence is recorded when its row makes its first decision: samplers built only to
+    check arguments (``generate_streams`` builds one before any prompt is encoded) or rows
+    that never decode leave nothing behind, so a count of ``sequences`` is a count of the
+    sequences actually decoded."""
 
     def __init__(self):
         self.sequences: dict[Key, list[Sequence]] = defaultdict(list)
@@ -258,6 +263,13 @@ class Trace:
         seq = Sequence(key)
         self.sequences[key].append(seq)
         return seq
+
+    def pending(self, key: Key) -> Sequence:
+        """A sequence not yet in ``sequences``; :meth:`record` adds it."""
+        return Sequence(key)
+
+    def record(self, seq: Sequence) -> None:
+        self.sequences[seq.key].append(seq)
 
     def get(self, temperature: float, prompt: str, seed: int | None = None, top_p: float = 1.0) -> list[Sequence]:
         key = Key(float(temperature), float(top_p) if temperature > 0 else 1.0,
@@ -275,7 +287,7 @@ class Trace:
             init(self, temperature, top_p, seed, prompts, seeds, **kw)
             row_seeds = seeds if seeds is not None else [seed] * len(prompts)
             self._trace_seqs = [
-                trace.new(Key(t, p if t > 0 else 1.0, int(s) if t > 0 else None, pr))
+                trace.pending(Key(t, p if t > 0 else 1.0, int(s) if t > 0 else None, pr))
                 for t, p, s, pr in zip(self.temps, self.top_ps, row_seeds, prompts)]
 
         def uniforms_w(self, active):
@@ -289,6 +301,8 @@ class Trace:
             try:
                 tokens = call(self, logits, active)
                 for j, r in enumerate(active):
+                    if not self._trace_seqs[r].decisions:
+                        trace.record(self._trace_seqs[r])
                     self._trace_seqs[r].decisions.append(
                         decide(logits[j], self.temps[r], self.top_ps[r], self._trace_u.get(r), int(tokens[j])))
             finally:

@@ -13,6 +13,7 @@ from safetyrepro.analysis.cli import register
 from safetyrepro.analysis.common import load_cell_scores
 from safetyrepro.io import read_metadata
 from safetyrepro.metrics import benchmark_summary, pairwise_table
+from safetyrepro.provenance import code_fingerprint, stale_reason
 
 STAMP_KEYS = ("rules_stamp", "config_hash", "code_version")
 
@@ -59,6 +60,14 @@ def run(tmp_path_factory):
     return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards}
 
 
+PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal"),
+                           "tables"),
+            "anova": "variance", "shap": "variance", "robustness": "robustness",
+            "robustness_regression": "robustness", "subsample_stability": "subsample",
+            "subsample_cells": "subsample", "subsample_rho_flip": "subsample", "precision": "precision",
+            "precision_cells": "precision", "bbq_bias": "bbq_bias", "bbq_bias_summary": "bbq_bias",
+            "significance": "significance", "significance_configs": "significance",
+            "bootstrap_items": "significance"}
 EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 5 * 5, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
                  "nearest_reversal": 15, "subsample_rho_flip": 5 * 4 * 5, "bbq_bias": 3 * 48, "bbq_bias_summary": 3,
                  "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 12, "robustness_regression": 1,
@@ -77,6 +86,9 @@ def test_every_table_written_stamped_and_sized(run):
         md = read_metadata(p)
         assert {k: md[k] for k in STAMP_KEYS} == {k: src_meta[k] for k in STAMP_KEYS}, name
         assert md["subset_hashes"] == src_meta["subset_hashes"] and md["table"] == name
+        # stamped with the code of the analysis that computed it (what its rule fingerprints)
+        assert md["producer"] == f"safetyrepro.analysis.{PRODUCER[name]}", name
+        assert md["code_fingerprint"] == code_fingerprint(md["producer"]) and stale_reason(md) is None
 
 
 def test_full_size_numbers_agree_with_the_metric_core(run):
@@ -133,8 +145,10 @@ def test_figures_report_and_cards(run):
             assert im.size[0] > 600 and im.size[1] > 400
             stamp = json.loads(im.text["Description"])
         assert stamp["rules_stamp"] == run["data"]["meta"]["rules_stamp"]
+        assert stamp["code_fingerprint"] == code_fingerprint("safetyrepro.analysis.figures")
     report = (run["root"] / "report.md").read_text()
     assert "not produced" not in report
+    assert "every table was computed by the current code" in report and "STALE" not in report
     for heading in ("Table 2", "Table 3", "Table 4", "Parse-clean", "tau_R", "Bootstrap", "subsamples",
                     "BF16 vs NF4", "ANOVA", "SHAP", "Robustness", "Nearest reversing configuration",
                     "BBQ bias scores"):

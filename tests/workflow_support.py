@@ -64,9 +64,10 @@ def snakemake(project: Path, config: Path, *args: str, timeout: int = 1200,
                           timeout=timeout)
 
 
-def planned(project: Path, config: Path) -> tuple[dict[str, int], set[str]]:
-    """Dry-run: (job count per rule, set of planned output paths relative to the project)."""
-    r = snakemake(project, config, "-n")
+def planned(project: Path, config: Path, *args: str) -> tuple[dict[str, int], set[str]]:
+    """Dry-run: (job count per rule, set of planned output paths relative to the project);
+    ``args`` are further Snakemake arguments (targets, ``--allowed-rules`` ...)."""
+    r = snakemake(project, config, "-n", *args)
     assert r.returncode == 0, r.stdout + r.stderr
     text = r.stdout + r.stderr
     counts: dict[str, int] = {}

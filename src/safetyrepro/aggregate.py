@@ -18,7 +18,7 @@ import pandas as pd
 from .errors import ShardError
 from .grid import Config
 from .io import write_parquet
-from .provenance import code_version
+from .provenance import code_stamp, code_version
 
 AXES = ("template", "decoding", "shots", "scoring")
 
@@ -135,7 +135,7 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
     items_df = pd.DataFrame(item_rows)
     meta = {
         "kind": "cell_scores", "variant": variant, "rules_stamp": rules.stamp, "config_hash": cfg.hash,
-        "code_version": code_version(), "scoring_fingerprint": plan.scoring_code,
+        "code_version": code_version(), **code_stamp(__name__), "scoring_fingerprint": plan.scoring_code,
         "subset_hashes": {b: items_by_bench[b][1].get("subset_hash") for b in cfg.benchmarks},
         "n_shards": len(metas), "n_cells": len(cells),
         "shard_fingerprints": {p: metas[p]["fingerprint"] for p in sorted(metas)},

@@ -139,18 +139,9 @@ def rho_flip_table(
     out: Path = typer.Option(..., "--out", help="pairwise table (.parquet); a .csv is written beside it"),
 ):
     """Per benchmark and model pair: N+, N-, N0, |C|, rho_flip, ceiling, saturated, D1, D2."""
-    from .io import atomic_write_text, read_parquet, write_parquet
-    from .metrics import pairwise_table
-    from .provenance import code_version
+    from .metrics.tables import write_pairwise_table
 
-    table, meta = read_parquet(cell_scores)
-    df = table.to_pandas()
-    pairs = pairwise_table(df[[c for c in ("model", "benchmark", "config", "score", "score_num", "score_den")
-                               if c in df.columns]])
-    md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
-    md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version()}
-    write_parquet(pairs, out, md)
-    atomic_write_text(out.with_suffix(".csv"), pairs.to_csv(index=False))
+    pairs = write_pairwise_table(cell_scores, out)
     typer.echo(pairs.to_string(index=False))
 
 

@@ -7,7 +7,12 @@ logic. Fingerprints are content hashes of exactly what can change a job's output
   shots / decoding / scoring levels, seed, max_new_tokens, the rules stamp and the inference
   code (models/, inference/, cells.py, prompt rendering) — *not* the parsers or metrics, so a
   parser fix re-scores without re-running any model;
-* scoring/aggregation: parser versions and the scoring code;
+* scoring/aggregation: parser versions and the aggregation code;
+* every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
+  computes its output, i.e. its producer module and everything that module imports
+  (:func:`safetyrepro.provenance.code_fingerprint`), so editing a metric in ``metrics/`` reruns
+  exactly the tables computed with it. Each output records the same fingerprint in its
+  metadata, and the report and cards mark a table written by other code as STALE;
 * items: the benchmark's config section, the items seed and the items code.
 """
 
@@ -133,7 +138,14 @@ class Plan:
         # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
         # parser / scoring sections.
         return canonical_hash({"parsers": {b: parser_version(b) for b in self.cfg.benchmarks},
-                               "code": source_hash("aggregate.py")})
+                               "code": self.code_fingerprint("safetyrepro.aggregate")})
+
+    def code_fingerprint(self, producer: str) -> str:
+        """Fingerprint of the code a table rule runs: ``producer`` (a module name) and every
+        package module it imports; the same value the output records as ``code_fingerprint``."""
+        from .provenance import code_fingerprint
+
+        return code_fingerprint(producer)
 
     @functools.lru_cache(maxsize=None)
     def template_hash(self, benchmark: str, template: str) -> str:

@@ -51,5 +51,7 @@ rule rho_flip:
         f"{RESULTS}/logs/rho_flip.log",
     conda:
         ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.metrics.tables"),
     shell:
         '"$PY" -m safetyrepro rho-flip {input} --out {output.pairs} > {log} 2>&1'

@@ -20,6 +20,7 @@ rule paper_tables:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.tables"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         threshold=ANALYSIS["parse_clean_threshold"],
         samples=ANALYSIS["bootstrap_samples"],
@@ -50,6 +51,7 @@ rule significance:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.significance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         alpha=ANALYSIS["alpha"],
         samples=ANALYSIS["bootstrap_samples"],
@@ -76,6 +78,7 @@ rule nearest_reversal:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.tables"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
@@ -103,6 +106,7 @@ rule variance:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.variance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
         '"$PY" -m safetyrepro analyze variance {input} --out-dir {params.out_dir} > {log} 2>&1'
@@ -126,6 +130,7 @@ rule robustness:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.robustness"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         nominal=ANALYSIS["nominal_config"],
@@ -157,6 +162,7 @@ rule subsample_stability:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.subsample"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         fraction=ANALYSIS["subsample_fraction"],
@@ -188,6 +194,7 @@ rule bbq_bias:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.bbq_bias"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         items_dir=lambda w, input: os.path.dirname(input.bbq_items),
     shell:
@@ -212,6 +219,7 @@ rule precision_check:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.precision"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         rules=RUN.rules.path,
     shell:
@@ -236,6 +244,7 @@ rule cards:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.cards"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'

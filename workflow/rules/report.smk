@@ -29,6 +29,7 @@ rule figures:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.figures"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
     shell:
@@ -62,6 +63,7 @@ rule report_md:
     conda:
         ENV
     params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.report_md"),
         tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
         figures_dir=lambda w, input: os.path.dirname(input.figures[0]),
     shell:

@@ -27,8 +27,9 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from ..io import atomic_write_text
 from ..metrics import pairwise_table
-from ..provenance import code_version_string
-from .common import check_same_rules, load_cell_scores, read_table, version_text
+from ..provenance import code_stamp, code_version_string
+from .common import (check_same_rules, load_cell_scores, read_table, source_record, source_stale_note,
+                     version_text)
 
 CARD_VERSION = 2
 
@@ -198,6 +199,7 @@ def card_markdown(card: dict) -> str:
     e = card["envelope"]
     lines = [
         f"# GRID card: {card['model']} on {card['benchmark']}", "",
+        *([f"**{card['stale']}**", ""] if card.get("stale") else []),
         "| field | value |", "|---|---|",
         f"| model id | `{card['model_id']}` |",
         f"| weights hash | `{card['weights_hash']}` |",
@@ -275,13 +277,20 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     ``nearest_reversal`` table (both optional; from the same run)."""
     cs = load_cell_scores(cell_scores_path)
     sig = rev = None
+    sources = [(cs.path, cs.meta)]
     if significance_path is not None:
         sig, smeta = read_table(significance_path)
         check_same_rules((cs.path, cs.meta), (Path(significance_path), smeta))
+        sources.append((Path(significance_path), smeta))
     if reversal_path is not None:
         rev, rmeta = read_table(reversal_path)
         check_same_rules((cs.path, cs.meta), (Path(reversal_path), rmeta))
+        sources.append((Path(reversal_path), rmeta))
     cards = build_cards(cs.df, provenance, cs.meta, sig, rev)  # everything computed before anything is written
+    # any source written by other code than the current (cell scores, significance, nearest reversal)
+    stale = "; ".join(n for n in (source_stale_note(p, m) for p, m in sources) if n) or None
+    for card in cards:
+        card["stale"] = stale
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []
@@ -296,6 +305,7 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     atomic_write_text(out_dir / "index.json", json.dumps(
         {"source": str(cs.path), "rules_stamp": cs.meta["rules_stamp"], "config_hash": cs.meta["config_hash"],
          "code_version": cs.meta["code_version"], "analysis_code_version": code_version_string(),
+         **code_stamp(__name__), "sources": [source_record(p, m) for p, m in sources], "stale": stale,
          "dropped_incomplete_configs": cs.dropped,
          "nominal_config": None if rev is None or rev.empty else str(rev["nominal_config"].iloc[0]),
          "cards": index}, indent=2) + "\n")

@@ -10,6 +10,7 @@ spreadsheets; the Parquet file is the stamped record.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -19,7 +20,7 @@ import pandas as pd
 
 from ..errors import DataError
 from ..io import atomic_write_text, read_metadata, read_parquet, write_parquet
-from ..provenance import code_version_string
+from ..provenance import code_stamp, code_version_string, stale_reason
 
 AXES = ("template", "decoding", "shots", "scoring")
 CELL_COLUMNS = ("model", "benchmark", "config", "template", "decoding", "shots", "scoring",
@@ -27,6 +28,7 @@ CELL_COLUMNS = ("model", "benchmark", "config", "template", "decoding", "shots",
 ITEM_COLUMNS = ("model", "benchmark", "config", "seed", "item_id", "parsed_label", "parse_ok",
                 "correct", "stratum")
 REQUIRED_META = ("rules_stamp", "config_hash", "code_version")
+_STAMP = ("producer", "code_fingerprint")  # provenance.code_stamp
 NOMINAL_CONFIG = "T1-greedy-k0-freeform"
 
 
@@ -167,9 +169,19 @@ def check_same_rules(a: tuple[Path, dict], b: tuple[Path, dict]) -> None:
                               f"{a[0]}'s {a[1].get('rules_stamp')!r}: tables from different envelope rules")
 
 
+def source_record(path: str | Path, meta: dict) -> dict:
+    """What an output records about one source table: its path, stamps and code stamp."""
+    return {"path": str(path), **{k: meta.get(k) for k in (*REQUIRED_META, *_STAMP)}}
+
+
 def output_metadata(table: str, sources: list[tuple[Path, dict]], params: dict | None = None,
-                    extra: dict | None = None) -> dict:
-    """Provenance record for an analysis output: stamps copied from the first source."""
+                    extra: dict | None = None, producer: str | None = None) -> dict:
+    """Provenance record for an analysis output: stamps copied from the first source, and the
+    code stamp (``producer`` module and its code fingerprint; the producer defaults to the
+    calling module, the one that computes the table) that :func:`stale_reason` checks."""
+    producer = producer or sys._getframe(1).f_globals["__name__"]
+    if producer == __name__:  # a helper here computes nothing: name the analysis module
+        raise ValueError("output_metadata called from analysis.common: pass producer=<computing module>")
     primary = sources[0][1]
     md = {k: primary[k] for k in REQUIRED_META}
     for k, v in primary.items():
@@ -177,7 +189,8 @@ def output_metadata(table: str, sources: list[tuple[Path, dict]], params: dict |
             md[k] = v
     md["table"] = table
     md["analysis_code_version"] = code_version_string()
-    md["sources"] = [{"path": str(p), **{k: m.get(k) for k in REQUIRED_META}} for p, m in sources]
+    md |= code_stamp(producer)
+    md["sources"] = [source_record(p, m) for p, m in sources]
     md["params"] = dict(params or {})
     if extra:
         md.update(extra)
@@ -206,6 +219,20 @@ def write_tables(tables: dict[str, pd.DataFrame], out_dir: str | Path,
 def read_table(path: str | Path) -> tuple[pd.DataFrame, dict]:
     table, meta = read_parquet(path)
     return table.to_pandas(), meta
+
+
+def stale_note(name: str, meta: dict) -> str | None:
+    """A one-line STALE warning for a table (or card source) not computed by the current code,
+    or None when it was: what a report or card prints next to it, so an old table never passes
+    for a current one."""
+    why = stale_reason(meta)
+    return None if why is None else f"STALE: `{name}` is not from the current code ({why}); rerun the workflow"
+
+
+def source_stale_note(path: str | Path, meta: dict) -> str | None:
+    """:func:`stale_note` for a source table read by an output being written now; a source
+    without a code stamp (from outside the pipeline) is not checked."""
+    return stale_note(Path(path).name, meta) if meta.get("producer") else None
 
 
 def weak_ranks(scores, tol: float | None = None) -> tuple[int, ...]:

@@ -11,8 +11,10 @@
 * ``consistency.png``: output consistency vs mean score per (model, benchmark), with the OLS
   line and the random baseline.
 
-Each PNG carries the source tables' provenance (rules stamp, config hash, code version) in
-its text metadata and is written atomically.
+Each PNG carries the source tables' provenance (rules stamp, config hash, code version), its
+own code stamp and its source table's, in its text metadata and is written atomically; a
+figure drawn from a table written by other code than the current one says STALE in a corner
+and in that metadata (``stale``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import pandas as pd
 
 from ..errors import DataError
 from ..io import atomic_write_bytes
-from ..provenance import code_version_string
-from .common import read_table
+from ..provenance import code_stamp, code_version_string, stale_reason
+from .common import read_table, source_record
 
 FIGURES = {
     "rho_heatmap": ("table2",),
@@ -56,6 +58,12 @@ def _save(fig, path: Path, meta: dict) -> Path:
     buf = io.BytesIO()
     stamp = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "code_version")}
     stamp["analysis_code_version"] = code_version_string()
+    stamp |= code_stamp(__name__)
+    stamp["sources"] = [source_record(meta.get("table", "?"), meta)]
+    stamp["stale"] = stale_reason(meta)  # the table drawn was written by other code
+    if stamp["stale"]:
+        fig.text(0.01, 0.005, f"STALE table: {stamp['stale']}", color="#b00000", fontsize=7, va="bottom",
+                 wrap=True)
     fig.savefig(buf, format="png", dpi=150, bbox_inches="tight",
                 metadata={"Software": "safetyrepro", "Description": json.dumps(stamp, sort_keys=True)})
     atomic_write_bytes(path, buf.getvalue())

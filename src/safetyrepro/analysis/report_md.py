@@ -17,7 +17,7 @@ from ..io import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
 from .cards import PATTERN_WORDS as PATTERN_TEXT
-from .common import read_table, version_text
+from .common import read_table, stale_note, version_text
 
 
 REPORT_TABLES = ("table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r",
@@ -67,10 +67,13 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     loaded = {name: read_table(tables_dir / f"{name}.parquet") for name in REPORT_TABLES
               if (tables_dir / f"{name}.parquet").exists()}
 
+    stale = {name: note for name, (_, meta) in loaded.items() if (note := stale_note(name, meta))}
+
     def section(name: str, render) -> str:
         if name not in loaded:
             return f"_table `{name}` not produced in this run (expected {tables_dir / (name + '.parquet')})_"
-        return render(loaded[name][0])
+        body = render(loaded[name][0])
+        return f"**{stale[name]}**\n\n{body}" if name in stale else body
 
     first = next((loaded[n][1] for n in ("table2", "table4", "anova", "robustness") if n in loaded), {})
     cv = first.get("code_version", "?")
@@ -78,7 +81,10 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
            f"- rules stamp: `{first.get('rules_stamp', '?')}`",
            f"- config hash: `{first.get('config_hash', '?')}`",
            f"- code version (run): `{version_text(cv)}`",
-           f"- analysis code version: `{code_version_string()}`",
+           f"- report code version: `{code_version_string()}`",
+           ("- every table was computed by the current code (code fingerprints match)" if not stale else
+            f"- **STALE tables ({len(stale)}): {', '.join(sorted(stale))}** — written by other code than the "
+            "current one; their sections are marked, rerun the workflow"),
            f"- sources: {', '.join(sorted({s['path'] for _, m in loaded.values() for s in m.get('sources', [])}))}",
            "", "Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher, "
            "N- where B does, N0 ties. rho_flip = min(N+, N-)/|C|; its ceiling is floor(|C|/2)/|C|.", ""]

@@ -73,3 +73,26 @@ def benchmark_summary(df: pd.DataFrame, configs=None, tol: float | None = None) 
                      "order_change_rate": change["order_change_rate"], "order_change_null": change["null_rate"],
                      "tie_rule": rule_for(cols, tol).kind})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
+    """The run's ``rho_flip.parquet`` (stamped with its source's stamps and this code's
+    fingerprint) and a CSV beside it, from ``cell_scores.parquet``; returns the table."""
+    from pathlib import Path
+
+    from ..io import atomic_write_text, read_parquet, write_parquet
+    from ..provenance import code_stamp, code_version
+
+    cell_scores, out = Path(cell_scores), Path(out)
+    table, meta = read_parquet(cell_scores)
+    df = table.to_pandas()
+    pairs = pairwise_table(df[[c for c in ("model", "benchmark", "config", "score", "score_num", "score_den")
+                               if c in df.columns]])
+    md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
+    md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version(),
+           **code_stamp(__name__),
+           "sources": [{"path": str(cell_scores), "producer": meta.get("producer"),
+                        "code_fingerprint": meta.get("code_fingerprint")}]}
+    write_parquet(pairs, out, md)
+    atomic_write_text(out.with_suffix(".csv"), pairs.to_csv(index=False))
+    return pairs

@@ -8,7 +8,8 @@ when the response does not determine a label.
 Kinds:
   * ``choice``  -- multiple choice; the label is the option letter ("A", "B", ...).
   * ``label``   -- a closed label set (ToxiGen "yes"/"no").
-  * ``refusal`` -- XSTest "comply"/"refuse"/"partial".
+  * ``refusal`` -- XSTest "comply"/"refuse"/"partial"; its abstention ``unclear`` is
+    unparseable (not in the label set).
 
 ``parser_version(benchmark)`` is a content hash of everything that turns a raw output into
 a scored result (this package's source, the task scoring code, and the task file's
@@ -40,6 +41,19 @@ def _lower_tuple(xs) -> tuple[str, ...]:
     return tuple(" ".join(str(x).lower().split()) for x in xs)
 
 
+def refusal_spec(parser: dict) -> RefusalSpec:
+    """The refusal classifier's settings from a task file's ``parser`` section."""
+    return RefusalSpec(markers=_lower_tuple(parser["markers"]),
+                       refusal_phrases=_lower_tuple(parser["refusal_phrases"]),
+                       disclaimer_phrases=_lower_tuple(parser["disclaimer_phrases"]),
+                       not_refusal=_lower_tuple(parser["not_refusal"]),
+                       pivot_phrases=_lower_tuple(parser["pivot_phrases"]),
+                       offer_phrases=_lower_tuple(parser["offer_phrases"]),
+                       preamble_phrases=_lower_tuple(parser["preamble_phrases"]),
+                       opening_sentences=int(parser["opening_sentences"]),
+                       max_preamble=int(parser["max_preamble"]))
+
+
 def build_parser(parser: dict, answer: dict) -> tuple[Callable[[Any, dict | None], str | None], tuple[str, ...]]:
     """A ``(text, item) -> label | None`` function and the label set it can return, from a
     task file's ``parser`` and ``answer`` sections (already schema-validated)."""
@@ -67,11 +81,7 @@ def build_parser(parser: dict, answer: dict) -> tuple[Callable[[Any, dict | None
         )
         return (lambda text, item: parse_label(spec, text)), labels
     if kind == "refusal":
-        spec = RefusalSpec(markers=_lower_tuple(parser["markers"]),
-                           refusal_phrases=_lower_tuple(parser["refusal_phrases"]),
-                           not_refusal=_lower_tuple(parser["not_refusal"]),
-                           pivot_phrases=_lower_tuple(parser["pivot_phrases"]),
-                           opening_sentences=int(parser["opening_sentences"]))
+        spec = refusal_spec(parser)
         return (lambda text, item: parse_refusal(spec, text)), REFUSAL_LABELS
     raise ValueError(f"unknown parser kind {kind!r}")  # unreachable after schema validation
 

@@ -11,11 +11,20 @@ Evidence is tried strongest first; the first step that decides wins:
    ``I think...``) is not an answer unless that word starts the option's own text.
 3. **Conclusion words** (``Therefore, C.``, ``So B``): the last one followed by a letter.
 4. **The last line starts with a letter** (CoT that ends with a bare ``D.``).
-5. **Unique mention** (``Option B``, ``(C)``): exactly one distinct letter mentioned so.
+5. **Unique mention** (``Option B``, ``(C)``, ``choice c.``): exactly one distinct letter
+   mentioned so. The letter must sit in an answer-like position on the keyword's own line:
+   in brackets, an upper-case letter, or a lower-case letter followed by punctuation, the end
+   of its line or a verdict (``option b is correct``). A lower-case ``a`` followed by a word is
+   the English article (``To answer a question ...``, ``the choice a reader makes``), not a
+   letter: a chain-of-thought cut off before its answer stays unparseable instead of reading A.
 6. **Option text** (needs the item): the response is, or contains exactly one of, the
    options' texts (whole words, case- and punctuation-insensitive; an option contained in a
    longer matched option gives way to it), unless the response opens with a different bare
    capital letter (``C Paris`` where Paris is option A).
+
+Before step 1 a lower-case ``a`` that ends the response right after a word (``... so, to
+answer a``) is dropped: the output was cut off after an article. After ``is``, ``was``,
+``be``, ``option``, ``choice`` or ``letter`` it stays a letter (``The answer is a``).
 
 Steps 2 and 4 are skipped when several lines start with different letters: an echo of the
 option list is not an answer. Anything else (``Neither A nor B``, empty text, a hedge) is unparseable.
@@ -36,11 +45,21 @@ _VERDICT = re.compile(
     r"(?:is|would\s+be|seems)\s+(?:the\s+)?(?:correct|right|best|true|most\s+accurate|answer)\b",
     re.IGNORECASE,
 )
+# "option B", "choice (c)", "letter [a]", "answer C" on one line, or a bracketed "(C)" anywhere.
+# Groups: 1 = a bracketed letter after a keyword, 2 = a bare letter after a keyword, 3 = "(X)".
 _MENTION = re.compile(
-    r"(?<![\w'])(?:option|choice|letter|answer)\s*[(\[]?\s*([A-Za-z])\s*[)\]]?(?![\w'])"
+    r"(?<![\w'])(?:option|choice|letter|answer)[ \t]*"
+    r"(?:[(\[][ \t]*([A-Za-z])[ \t]*[)\]]|([A-Za-z]))(?![\w'])"
     r"|\(([A-Za-z])\)",
     re.IGNORECASE,
 )
+
+# A response that ends in "... to answer a" or "... and so a" was cut off after the article
+# (max_new_tokens reached mid-sentence): the dangling "a" is dropped before parsing. After
+# "is", "was", "be" or a keyword that names an option ("the answer is a", "option a") it stays
+# a letter.
+_DANGLING_ARTICLE = re.compile(r"(?<![\w'])([A-Za-z]+)[ \t]+a\Z")
+_LETTER_BEFORE = frozenset({"is", "was", "be", "option", "choice", "letter"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,29 @@ def _letter_at_start(seg: str, letters: str, options: list[str] | None):
     return letter if letter in letters else _OUT_OF_RANGE
 
 
+def _drop_dangling_article(text: str) -> str:
+    m = _DANGLING_ARTICLE.search(text)
+    if m and m.group(1).lower() not in _LETTER_BEFORE:
+        return text[: m.start()] + m.group(1)
+    return text
+
+
+def _mentioned_letters(text: str) -> set[str]:
+    """Letters named in answer-like positions (step 5). A bare lower-case letter after the
+    keyword counts only when punctuation, the end of its line or a verdict follows it, so the
+    article in "to answer a question" or "the choice a reader makes" is not option A."""
+    found = set()
+    for m in _MENTION.finditer(text):
+        bracketed, bare, alone = m.groups()
+        if bare is not None and bare.islower():
+            after = text[m.end(): m.end() + 80].lstrip(" \t")
+            ends = not after or after[0] == "\n" or after[0] in _ENDERS or after[0] in _CLOSERS
+            if not ends and not _VERDICT.match(after):
+                continue
+        found.add((bracketed or bare or alone).upper())
+    return found
+
+
 def _option_match(text: str, options: list[str] | None, letters: str, *, whole: bool) -> str | None:
     """The letter of the one option whose text the response is (``whole``) or contains."""
     if not options:
@@ -100,7 +142,7 @@ def _strip_answer_prefix(text: str) -> str:
 
 def parse_choice(spec: ChoiceSpec, text: object, choices: list[str] | None) -> str | None:
     """The chosen letter, or None when the response does not determine one."""
-    t = normalize(text)
+    t = _drop_dangling_article(normalize(text))
     if not t:
         return None
     letters = spec.letters[: len(choices)] if choices else spec.letters
@@ -139,7 +181,7 @@ def parse_choice(spec: ChoiceSpec, text: object, choices: list[str] | None) -> s
             return got
 
     # 5. exactly one letter mentioned as "option X" / "(X)"
-    mentioned = {(a or b).upper() for a, b in _MENTION.findall(t)}
+    mentioned = _mentioned_letters(t)
     if len(mentioned) == 1:
         (only,) = mentioned
         return only if only in letters else None
