@@ -216,6 +216,10 @@ def test_missing_model_fails_only_its_jobs(tmp_path):
     assert (project / good).exists() and not (project / bad).exists()
     log = (project / "results" / "logs" / "prepare_model" / "ghost.log").read_text()
     assert "models.ghost.source.path" in log and "no-such-model" in log
+    out = r.stdout + r.stderr
+    # the end of the run lists the failed job with the error line of its log
+    summary = out[out.index("failed jobs (1):"):]
+    assert "prepare_model: results/models/ghost.json" in summary and "models.ghost.source.path" in summary
 
 
 def test_killed_run_resumes_without_loss(tmp_path):

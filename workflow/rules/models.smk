@@ -13,6 +13,8 @@ rule prepare_model:
     params:
         config=CONFIG,
         fingerprint=lambda w: PLAN.source_fingerprint(w.model),
+    # stderr (download progress bars, errors) goes to the log AND the console: a 15-18 GB
+    # download is visible where the run is watched
     shell:
         '"$PY" -m safetyrepro prepare-model --config {params.config} --model {wildcards.model}'
-        " --marker {output} 2> {log}"
+        " --marker {output} 2> >(tee {log} >&2)"
