@@ -97,7 +97,7 @@ def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
     import yaml
 
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
     from workflow_support import make_project_copy
 
     env_rules = {
@@ -129,7 +129,7 @@ def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
     assert len(shards) == 4
     for s in shards:
         table, meta = read_shard(s)
-        assert table.num_rows == 2 and meta["benchmark"] == "xstest"
+        assert table.num_rows == 2 and meta.benchmark == "xstest"
     rho = pq.read_table(project / "results" / "tables" / "rho_flip.parquet").to_pandas()
     assert len(rho) == 1 and rho["n_configs"].iloc[0] == 2
     from safetyrepro.worker.client import stop_workers

@@ -167,7 +167,7 @@ def test_aggregation_refuses_mixed_rules_stamps(tiny, tmp_path):
 
 
 def test_corrupt_shard_is_named(tiny, tmp_path):
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
     from safetyrepro.errors import ShardError
 
     project, config, _ = tiny
@@ -213,7 +213,7 @@ def test_missing_model_fails_only_its_jobs(tmp_path):
 
 
 def test_killed_run_resumes_without_loss(tmp_path):
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
 
     project, config = make_project_copy(tmp_path / "p")
     target = ["results/tables/cell_scores.parquet"]

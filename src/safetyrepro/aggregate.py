@@ -37,8 +37,8 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
     """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
     from tqdm import tqdm
 
-    from .cells import read_shard
     from .items import read_items
+    from .shards import read_shard
     from .tasks import load_task
 
     cfg = plan.cfg
@@ -48,7 +48,8 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
     for j in tqdm(jobs, desc=f"reading shards ({variant})", disable=not progress):
         p = str(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant))
         try:
-            t, m = read_shard(p)
+            t, shard_meta = read_shard(p)
+            m = shard_meta.as_dict()
         except ShardError as exc:
             problems.append(str(exc))
             continue
@@ -175,9 +176,9 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
         atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
         paths["item_results"] = out_dir / "item_results.parquet"
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
-        from .cells import read_shard
+        from .shards import read_shard
 
-        metas = {p: read_shard(p)[1] for p in meta["shard_fingerprints"]}
+        metas = {p: read_shard(p)[1].as_dict() for p in meta["shard_fingerprints"]}
         paths["provenance"] = out_dir / "provenance.json"
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

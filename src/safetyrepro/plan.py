@@ -5,7 +5,7 @@ logic. Fingerprints are content hashes of exactly what can change a job's output
 
 * a cell (raw model outputs): model source + quantization, the template's own text hash, the
   shots / decoding / scoring levels, seed, max_new_tokens, the rules stamp and the inference
-  code (models/, inference/, cells.py, prompt rendering) — *not* the parsers or metrics, so a
+  code (models/, inference/, cells.py, requests.py, shards.py, prompt rendering) — *not* the parsers or metrics, so a
   parser fix re-scores without re-running any model;
 * scoring/aggregation: parser versions and the aggregation code;
 * every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
@@ -155,7 +155,7 @@ class Plan:
     def inference_code(self) -> str:
         # Prompt text is covered per template by the template hash (which hashes the task
         # YAML's rendering sections and the rendering code); parsers and scoring are not here.
-        return source_hash("models", "inference", "cells.py")
+        return source_hash("models", "inference", "cells.py", "requests.py", "shards.py")
 
     @functools.cached_property
     def scoring_code(self) -> str:
