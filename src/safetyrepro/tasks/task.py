@@ -51,9 +51,6 @@ class Task:
         """The labels a free-form response can be parsed into (empty without a parser)."""
         return list(self._parser[1]) if self._parser else []
 
-    def template_name(self, template_id: str) -> str:
-        return self._template(template_id)["name"]
-
     def template_hash(self, template_id: str) -> str:
         """sha256 of everything that shapes this template's prompts and candidates: its own
         texts, the benchmark's field mapping and answer presentation (option format,
@@ -68,11 +65,6 @@ class Task:
             "answer": self.content["answer"],
             "render_code": render_code_hash(),
         })
-
-    @property
-    def hash(self) -> str:
-        """sha256 of the whole task file's content."""
-        return canonical_hash(self.content)
 
     @functools.cached_property
     def parser_version(self) -> str:
