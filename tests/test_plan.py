@@ -78,3 +78,18 @@ def test_the_decode_group_is_in_the_fingerprint(tmp_path):
     assert three.cell_fingerprint("a", "bbq", logprob, 0) == five.cell_fingerprint("a", "bbq", logprob, 0)
     # crows_pairs is logprob-only: no free-form group exists there
     assert five.decode_group("crows_pairs", "T1-greedy-k0-logprob") == (("greedy", 1),)
+
+
+def test_cell_code_group_covers_what_changes_outputs_only():
+    """A cell reruns when the code that computes its outputs changes; not for a shard
+    reader's message, model preparation, the CLI or the engine benchmark."""
+    from safetyrepro.provenance import CODE_GROUPS, source_files
+    from safetyrepro.shards import layout_hash
+
+    spec = CODE_GROUPS["cell"]
+    files = set(source_files(*spec["paths"], exclude=spec["exclude"]))
+    assert {"cells.py", "requests.py", "inference/generate.py", "models/load.py", "models/chat.py"} <= files
+    assert not files & {"shards.py", "models/prepare.py", "models/cli.py", "inference/bench.py", "aggregate.py"}
+    assert not any(f.startswith(("parsing/", "tasks/", "analysis/", "metrics/")) for f in files)
+    # the shard layout enters through its value, not the module's text
+    assert len(layout_hash()) == 64

@@ -19,8 +19,7 @@ from .errors import ShardError
 from .grid import Config
 from .io import write_parquet
 from .provenance import code_stamp, code_version
-
-AXES = ("template", "decoding", "shots", "scoring")
+from .rules import AXES
 
 
 def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
@@ -139,7 +138,7 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
 
 def provenance_records(plan, metas: dict[str, dict]) -> dict:
     """{model: {benchmark: record}} for the GRID cards, gathered from the shards' metadata."""
-    from .provenance import code_version_string
+    from .provenance import format_code_version
     from .tasks import load_task
 
     out: dict = {}
@@ -154,9 +153,7 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
             "code_versions": set(),
         })
         rec["template_hashes"][m["template"]] = m["template_hash"]
-        cv = m.get("code_version", {})
-        rec["code_versions"].add(f"{cv.get('package_version')}+{str(cv.get('git_commit'))[:12]}"
-                                 f".src{str(cv.get('source_sha256'))[:12]}")
+        rec["code_versions"].add(format_code_version(m.get("code_version", {})))
     for per_b in out.values():
         for rec in per_b.values():
             rec["code_version"] = ", ".join(sorted(rec.pop("code_versions")))

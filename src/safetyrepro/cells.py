@@ -26,7 +26,6 @@ from .provenance import code_version
 from .requests import FreeformRequests, LogprobRequests, cell_requests
 from .shards import ShardMeta, write_shard
 
-PREFILL_STORE_MB = 2048  # default of runtime.prefill_store_mb
 PENDING_GROUPS_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
 
 
@@ -136,7 +135,7 @@ class CellWorker:
         0 turns it off)."""
         from .inference.kvcache import PrefillStore
 
-        budget = int(cfg.section("runtime").get("prefill_store_mb", PREFILL_STORE_MB)) << 20
+        budget = int(cfg.section("runtime")["prefill_store_mb"]) << 20  # default: config.DEFAULTS
         if self._prefills is None or self._prefills.max_bytes != budget:
             self._prefills = PrefillStore(budget)
         return self._prefills

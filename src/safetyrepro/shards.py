@@ -86,6 +86,14 @@ class ShardMeta:
         return cls(**{n: meta[n] for n in names})
 
 
+def layout_hash() -> str:
+    """Hash of the shard layout (row schema and metadata fields): part of every cell
+    fingerprint, so a layout change reruns the cells and a reader's edit does not."""
+    from .hashing import canonical_hash
+
+    return canonical_hash({"schema": SHARD_SCHEMA.to_string(), "meta": [f.name for f in dataclasses.fields(ShardMeta)]})
+
+
 def write_shard(out: str | Path, rows: list[dict], meta: ShardMeta) -> None:
     """Write ``rows`` (dicts with :data:`SHARD_SCHEMA`'s columns) and ``meta`` atomically."""
     import pyarrow as pa
