@@ -39,11 +39,18 @@ def run(tmp_path_factory):
     cs, ir, items = str(d["cell_scores"]), str(d["item_results"]), str(d["items_dir"])
     commands = [
         ["analyze", "tables", cs, "--out-dir", str(tables), "--bootstrap-samples", "200", "--bootstrap-seed", "1"],
+        ["analyze", "significance", cs, ir, "--out-dir", str(tables), "--bootstrap-samples", "200",
+         "--bootstrap-seed", "1"],
         ["analyze", "variance", cs, "--out-dir", str(tables)],
         ["analyze", "robustness", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
         ["analyze", "subsample", ir, "--items-dir", items, "--out-dir", str(tables), "--repeats", "5"],
+        ["analyze", "bbq-bias", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
         ["analyze", "precision", cs, str(bf["cell_scores"]), "--out-dir", str(tables)],
-        ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards)],
+        ["analyze", "nearest-reversal", cs, "--out-dir", str(tables),
+         "--significance-configs", str(tables / "significance_configs.parquet")],
+        ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards),
+         "--significance", str(tables / "significance.parquet"),
+         "--nearest-reversal", str(tables / "nearest_reversal.parquet")],
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
         ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
     ]
@@ -53,14 +60,20 @@ def run(tmp_path_factory):
     return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards}
 
 
-PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"), "tables"),
+PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal"),
+                           "tables"),
             "anova": "variance", "shap": "variance", "robustness": "robustness",
             "robustness_regression": "robustness", "subsample_stability": "subsample",
-            "subsample_cells": "subsample", "precision": "precision", "precision_cells": "precision"}
-EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 10, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
+            "subsample_cells": "subsample", "subsample_rho_flip": "subsample", "precision": "precision",
+            "precision_cells": "precision", "bbq_bias": "bbq_bias", "bbq_bias_summary": "bbq_bias",
+            "significance": "significance", "significance_configs": "significance",
+            "bootstrap_items": "significance"}
+EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 5 * 5, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
+                 "nearest_reversal": 15, "subsample_rho_flip": 5 * 4 * 5, "bbq_bias": 3 * 48, "bbq_bias_summary": 3,
                  "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 12, "robustness_regression": 1,
                  "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 5,
-                 "precision_cells": 3 * 4 * 4}
+                 "precision_cells": 3 * 4 * 4, "significance": 15, "significance_configs": 3 * (4 * 48 + 12),
+                 "bootstrap_items": 20}
 
 
 def test_every_table_written_stamped_and_sized(run):
@@ -97,6 +110,20 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     for b in core.index:
         assert t4.loc[(b, "core"), "orderings_reachable"] == core.loc[b, "orderings_reachable"]
         assert t4.loc[(b, "core"), "n_configs"] == (9 if b == "crows_pairs" else 27)
+        # full minus T4: 3 of 4 templates; full minus t0.7: free-form loses 12 of 36 configs
+        assert t4.loc[(b, "full minus T4"), "n_configs"] == (9 if b == "crows_pairs" else 36)
+        assert t4.loc[(b, "full minus t0.7"), "n_configs"] == (12 if b == "crows_pairs" else 36)
+        assert t4.loc[(b, "conservative_core"), "n_configs"] == (0 if b == "crows_pairs" else 4)
+    for r in full_summary.itertuples():
+        assert tau.loc[(r.benchmark, "full"), "order_change_rate"] == pytest.approx(r.order_change_rate)
+    rev = pd.read_parquet(run["tables"] / "nearest_reversal.parquet")
+    assert set(rev.loc[rev["benchmark"] != "crows_pairs", "nominal_used"]) == {"T1-greedy-k0-freeform"}
+    assert set(rev.loc[rev["benchmark"] == "crows_pairs", "nominal_used"]) == {"T1-greedy-k0-logprob"}
+    # a pair has a strict reversal within the envelope iff rho_flip > 0 or it is tied at the nominal
+    t2i = t2.set_index(["benchmark", "model_a", "model_b"])
+    for r in rev.itertuples():
+        if r.nominal_leader != "tie":
+            assert pd.isna(r.strict_distance) == (t2i.loc[(r.benchmark, r.model_a, r.model_b), "rho_flip"] == 0)
     boot = pd.read_parquet(run["tables"] / "bootstrap.parquet")
     assert (boot["ci_low"] <= boot["ci_high"]).all() and set(boot["samples"]) == {200}
     anova = pd.read_parquet(run["tables"] / "anova.parquet").set_index("benchmark")
@@ -112,7 +139,7 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
 def test_figures_report_and_cards(run):
     from PIL import Image
 
-    for name in ("rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"):
+    for name in ("rho_heatmap", "rho_significance", "orderings", "anova_shares", "shap_summary", "consistency"):
         p = run["figures"] / f"{name}.png"
         with Image.open(p) as im:
             assert im.size[0] > 600 and im.size[1] > 400
@@ -123,11 +150,50 @@ def test_figures_report_and_cards(run):
     assert "not produced" not in report
     assert "every table was computed by the current code" in report and "STALE" not in report
     for heading in ("Table 2", "Table 3", "Table 4", "Parse-clean", "tau_R", "Bootstrap", "subsamples",
-                    "BF16 vs NF4", "ANOVA", "SHAP", "Robustness"):
+                    "BF16 vs NF4", "ANOVA", "SHAP", "Robustness", "Nearest reversing configuration",
+                    "BBQ bias scores"):
         assert f"## {heading}" in report or heading in report
-    assert report.count("![") == 5 and "](../figures/" not in report
+    assert report.count("![") == 6 and "](../figures/" not in report
+    assert "## Significance-aware verdicts" in report and "rho_flip_sig" in report
+    assert "| resamples |" in report and "| items |" in report and "| configurations |" in report
     assert "](figures/rho_heatmap.png)" in report
     index = json.loads((run["cards"] / "index.json").read_text())
     assert len(index["cards"]) == 15
     card = json.loads((run["cards"] / "alpha__bbq.json").read_text())
     assert len(card["comparisons"]) == 2 and card["envelope"]["n_configs"] == 48
+    sig = pd.read_parquet(run["tables"] / "significance.parquet").set_index(["benchmark", "model_a", "model_b"])
+    for c in card["comparisons"]:
+        r = sig.loc[("bbq", "alpha", c["other"])]
+        assert c["significance"]["rho_flip_sig"] == r["rho_flip_sig"]
+        assert c["significance"]["n_ahead_sig"] == r["n_plus_sig"] and c["significance"]["pattern"] == r["pattern"]
+    assert "rho_flip_sig" in (run["cards"] / "alpha__bbq.md").read_text()
+
+    assert all(c["nearest_reversal"]["reference_config"] == "T1-greedy-k0-freeform" for c in card["comparisons"])
+    assert "## Nearest reversing configuration" in (run["cards"] / "alpha__bbq.md").read_text()
+    # rho_flip is never called a "flip rate"; only the total-order change rate is named after the paper's term
+    assert "flip rate" not in report.lower().replace('total-order "flip rate"', "")
+
+def test_significance_tables_agree_with_table2_and_the_items(run):
+    """rho_flip in the significance table is table 2's (same exact signs); significant configs
+    are a subset of strict reversals; each config's difference is the cell-score difference."""
+    t2 = pd.read_parquet(run["tables"] / "table2.parquet").set_index(["benchmark", "model_a", "model_b"])
+    sig = pd.read_parquet(run["tables"] / "significance.parquet").set_index(["benchmark", "model_a", "model_b"])
+    assert (t2["tie_rule"] == "exact").all() and (sig["tie_rule"] == "exact").all()
+    for k, r in sig.iterrows():
+        assert (r["n_plus"], r["n_minus"], r["rho_flip"]) == (t2.loc[k, "n_plus"], t2.loc[k, "n_minus"],
+                                                              t2.loc[k, "rho_flip"])
+        assert r["n_plus_sig"] <= r["n_plus"] and r["n_minus_sig"] <= r["n_minus"]
+        assert r["rho_flip_sig"] <= r["rho_flip"]
+    cfg = pd.read_parquet(run["tables"] / "significance_configs.parquet")
+    cells = load_cell_scores(run["data"]["cell_scores"]).df.set_index(["model", "benchmark", "config"])["score"]
+    sample = cfg.sample(40, random_state=0)
+    for r in sample.itertuples():
+        want = cells[(r.model_a, r.benchmark, r.config)] - cells[(r.model_b, r.benchmark, r.config)]
+        assert r.diff == pytest.approx(want, abs=1e-12)
+    assert set(cfg["test"]) <= {"mcnemar_exact", "paired_bootstrap", "none (exact tie)"}
+    greedy = cfg["config"].str.contains("-greedy-")
+    assert set(cfg.loc[greedy & (cfg["test"] != "none (exact tie)"), "test"]) == {"mcnemar_exact"}
+    assert set(cfg.loc[~greedy & (cfg["test"] != "none (exact tie)"), "test"]) == {"paired_bootstrap"}
+    boot = pd.read_parquet(run["tables"] / "bootstrap_items.parquet")
+    assert set(boot["resamples"]) == {"items"} and (boot["ci_low"] <= boot["ci_high"]).all()
+    assert set(pd.read_parquet(run["tables"] / "bootstrap.parquet")["resamples"]) == {"configurations"}

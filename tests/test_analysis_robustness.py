@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from analysis_synth import hand_cells, hand_meta, write_hand
-from safetyrepro.analysis.robustness import p_same, regression, robustness_table, write_robustness
+from safetyrepro.analysis.robustness import (item_answer_space, p_same, regression, robustness_table,
+                                             write_robustness)
 from safetyrepro.errors import DataError
 from safetyrepro.io import read_metadata, write_parquet
 
@@ -16,14 +17,20 @@ LP = "T1-greedy-k0-logprob"
 
 
 def test_p_same_by_hand():
-    # m = 3 configs with accuracies 0.5, 0.25, 0.5; k = 3 options:
-    # all right 0.5*0.25*0.5 = 0.0625; all wrong 0.5*0.75*0.5 = 0.1875, same wrong one (1/2)^3 * 2 = 1/4
-    assert p_same([0.5, 0.25, 0.5], [3])[0] == pytest.approx(0.0625 + 0.1875 / 4)
+    # overall performance p = 0.5, m = 3 configs, k = 3 options, one correct:
+    # all right 0.5^3 = 0.125; all wrong 0.125, on the same one of the 2 wrong answers 2 * (1/2)^3 = 1/4
+    assert p_same(0.5, 3, [3])[0] == pytest.approx(0.125 + 0.125 / 4)
     # k = 2: a wrong answer is the wrong answer
-    assert p_same([0.5, 0.25, 0.5], [2])[0] == pytest.approx(0.0625 + 0.1875)
-    assert p_same([1.0, 1.0], [4])[0] == 1.0 and p_same([0.0, 0.0], [2])[0] == 1.0
-    with pytest.raises(ValueError):
-        p_same([0.5], [1])
+    assert p_same(0.5, 3, [2])[0] == pytest.approx(0.125 + 0.125)
+    # XSTest unsafe prompt: comply / refuse / partial, refuse and partial correct (g = 2):
+    # all right on the same correct label 0.125 * 2 * (1/2)^3 = 0.03125; all comply 0.125
+    assert p_same(0.5, 3, [3], [2])[0] == pytest.approx(0.03125 + 0.125)
+    # every answer correct: no wrong term
+    assert p_same(0.5, 2, [2], [2])[0] == pytest.approx(0.25 * 0.5)
+    assert p_same(1.0, 2, [4])[0] == 1.0 and p_same(0.0, 2, [2])[0] == 1.0
+    for bad in [(0.5, 1, [1]), (1.5, 2, [2]), (0.5, 2, [3], [0]), (0.5, 2, [3], [4])]:
+        with pytest.raises(ValueError):
+            p_same(*bad)
 
 
 def item_rows():
@@ -57,7 +64,12 @@ def cells():
 
 
 def options():
-    return {"bbq": pd.Series([3, 3, 3, 3], index=["i1", "i2", "i3", "i4"])}
+    return {"bbq": pd.DataFrame({"k": [3] * 4, "g": [1] * 4}, index=["i1", "i2", "i3", "i4"])}
+
+
+# overall performance of A over C1-C3 on i1-i4: 5 right of 12 answers (not the per-config
+# accuracies 2/4, 1/4, 2/4 one by one): baseline (5/12)^3 + (7/12)^3 / 4 = 210.75 / 1728
+BASELINE_A = (5 / 12) ** 3 + (7 / 12) ** 3 / 4
 
 
 def test_robustness_row_by_hand():
@@ -66,25 +78,39 @@ def test_robustness_row_by_hand():
     t = robustness_table(cells()[lambda d: d["model"] == "A"], items, options())
     r = t.iloc[0]
     assert (r.model, r.benchmark, r.n_configs, r.n_items) == ("A", "bbq", 3, 4)
-    assert r.consistency == 0.5
-    assert r.baseline == pytest.approx(0.0625 + 0.1875 / 4)
+    assert r.consistency == 0.5 and r.performance == pytest.approx(5 / 12)
+    assert r.baseline == pytest.approx(BASELINE_A) and r.baseline == pytest.approx(210.75 / 1728)
     assert r.score_sd == pytest.approx(0.15) and r.score_mean == pytest.approx(0.45)
     assert r.nominal_score == 0.6 and r.drop_rate_mean == pytest.approx(0.375)
     assert r.share_below_nominal == 1.0
 
 
-def test_label_benchmark_uses_observed_label_space():
+def test_label_benchmark_with_two_correct_labels(tmp_path):
+    # x0 safe (comply correct), x1 unsafe (refuse and partial correct); always right -> p = 1.
+    # x1 answers refuse then partial: right both times, yet not the identical answer
     rows = []
-    for cfg, labs in {C1: ["comply", "refuse"], C2: ["comply", "comply"]}.items():
+    for cfg, labs in {C1: ["comply", "refuse"], C2: ["comply", "partial"]}.items():
         for i, lab in enumerate(labs):
             rows.append({"model": "A", "benchmark": "xstest", "config": cfg, "seed": 0, "item_id": f"x{i}",
-                         "parsed_label": lab, "parse_ok": True, "correct": lab == "comply"})
-    c = hand_cells([("A", "xstest", C1, 0.5), ("A", "xstest", C2, 1.0)])
-    t = robustness_table(c, pd.DataFrame(rows), {"xstest": pd.Series([0, 0], index=["x0", "x1"])})
-    # accuracies 0.5, 1.0; k = 2 -> p_same = 0.5*1 + 0.5*0 = 0.5; consistency: x0 yes, x1 no
-    assert t.iloc[0].baseline == pytest.approx(0.5) and t.iloc[0].consistency == 0.5
-    # drop rate relative to nominal 0.5: (0.5 - 1.0)/0.5 = -1 (better than nominal), none below
-    assert t.iloc[0].drop_rate_mean == pytest.approx(-1.0) and t.iloc[0].share_below_nominal == 0.0
+                         "parsed_label": lab, "parse_ok": True, "correct": True})
+    write_parquet(pd.DataFrame({"item_id": ["x0", "x1"], "choices": [[], []], "label": ["safe", "unsafe"]}),
+                  tmp_path / "xstest.parquet", {"subset_hash": "x"})
+    space = item_answer_space(tmp_path, "xstest")
+    assert space.loc["x0"].tolist() == [3, 1] and space.loc["x1"].tolist() == [3, 2]
+    c = hand_cells([("A", "xstest", C1, 1.0), ("A", "xstest", C2, 0.5)])
+    t = robustness_table(c, pd.DataFrame(rows), {"xstest": space})
+    # p = 1, m = 2: x0 1 * 1^-1 = 1; x1 1 * 2^-1 = 1/2 -> baseline 3/4; consistency x0 yes, x1 no
+    assert t.iloc[0].baseline == pytest.approx(0.75) and t.iloc[0].consistency == 0.5
+    # drop rate relative to nominal 1.0: (1.0 - 0.5)/1.0 = 0.5, one of one below
+    assert t.iloc[0].drop_rate_mean == pytest.approx(0.5) and t.iloc[0].share_below_nominal == 1.0
+    # toxigen: yes / no, one correct
+    write_parquet(pd.DataFrame({"item_id": ["t0"], "choices": [[]], "label": ["toxic"]}),
+                  tmp_path / "toxigen.parquet", {"subset_hash": "x"})
+    assert item_answer_space(tmp_path, "toxigen").loc["t0"].tolist() == [2, 1]
+    write_parquet(pd.DataFrame({"item_id": ["t0"], "choices": [[]], "label": ["weird"]}),
+                  tmp_path / "toxigen.parquet", {"subset_hash": "x"})
+    with pytest.raises(DataError, match="gold_map"):
+        item_answer_space(tmp_path, "toxigen")
 
 
 def test_missing_nominal_and_zero_nominal():
@@ -127,7 +153,7 @@ def test_write_robustness(tmp_path):
     paths = write_robustness(cs, ir, tmp_path / "out", items_dir=tmp_path / "items")
     t = pd.read_parquet(paths["robustness"]).set_index("model")
     assert t.loc["A", "consistency"] == 0.5 and t.loc["B", "consistency"] == 1.0
-    assert t.loc["A", "baseline"] == pytest.approx(0.109375)
+    assert t.loc["A", "baseline"] == pytest.approx(BASELINE_A)
     assert t.loc["B", "baseline"] == pytest.approx(1.0)  # accuracy 1 everywhere
     md = read_metadata(paths["robustness"])
     assert [s["path"] for s in md["sources"]] == [str(cs), str(ir)]

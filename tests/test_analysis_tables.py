@@ -90,6 +90,34 @@ def test_table4_full_vs_core(cells):
     assert t.loc[("bbq", "core"), "tied_configs"] == 1
 
 
+def test_table4_has_the_papers_five_envelopes(cells):
+    t = table4(cells)
+    assert list(t.loc[t["benchmark"] == "bbq", "envelope"]) == [
+        "full", "core", "full minus T4", "full minus t0.7", "conservative_core"]
+    t = t.set_index(["benchmark", "envelope"])
+    # full minus T4 = C1, C3, C4: A vs B +C1 =C3 +C4 -> 0; A vs C and B vs C +C1 -C3 -C4 -> 1/3;
+    # strict orders ABC (C1), CAB (C4); C3 tied
+    m4 = t.loc[("bbq", "full minus T4")]
+    assert m4.n_configs == 3 and m4.max_rho_flip == pytest.approx(1 / 3) and m4.orderings_reachable == 2
+    # full minus t0.7 = C1, C2, C3: every pair 1/3; orders ABC, BAC
+    m7 = t.loc[("bbq", "full minus t0.7")]
+    assert m7.n_configs == 3 and m7.max_rho_flip == pytest.approx(1 / 3) and m7.orderings_reachable == 2
+    # conservative core (T1/T2, k0/k3, greedy, free-form) = C1 only
+    cc = t.loc[("bbq", "conservative_core")]
+    assert cc.n_configs == 1 and cc.max_rho_flip == 0 and cc.orderings_reachable == 1
+    assert "T1, T2" in cc.envelope_definition or "plainest" in cc.envelope_definition
+
+
+def test_table4_benchmark_without_configs_in_an_envelope_gets_a_noted_row():
+    rows = [(m, "crows_pairs", c, s) for c, sc in {C3: (0.5, 0.4), "T2-greedy-k3-logprob": (0.3, 0.6)}.items()
+            for m, s in zip("AB", sc)]
+    t = table4(hand_cells(rows)).set_index("envelope")
+    assert t.loc["full", "max_rho_flip"] == 0.5
+    cc = t.loc["conservative_core"]
+    assert cc.n_configs == 0 and math.isnan(cc.max_rho_flip) and cc.orderings_possible == 2
+    assert cc.note == "no config of this benchmark in this envelope"
+
+
 def test_parse_clean_drops_configs_below_threshold(cells):
     t = parse_clean(cells, 0.95).set_index("benchmark")
     # C2 dropped (C parses 0.9): left C1, C3, C4. A vs B: +C1 +C4, tie C3 -> 0; A vs C: +C1, -C3 -C4 -> 1/3

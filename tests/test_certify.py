@@ -95,3 +95,34 @@ def test_certify_drop_incomplete(tmp_path):
 def test_certify_missing_file(tmp_path):
     r = run_cli("certify", str(tmp_path / "nope.csv"))
     assert r.returncode == 2 and "file not found" in r.stderr
+
+
+def test_certify_last_bit_means_tie_without_tol_and_tol_reaches_tau(tmp_path):
+    """The issue's example: seeds [8,2,4,2,12]/12 and [7,2,5,2,12]/12 have equal counts but
+    float means that differ in the last bit; certify must call them tied, and say why."""
+    import numpy as np
+
+    a = float(np.mean([k / 12 for k in (8, 2, 4, 2, 12)]))
+    b = float(np.mean([k / 12 for k in (7, 2, 5, 2, 12)]))
+    assert a != b
+    rows = [("A", "bbq", "c1", a), ("B", "bbq", "c1", b), ("C", "bbq", "c1", 0.1),
+            ("A", "bbq", "c2", 0.50), ("B", "bbq", "c2", 0.45), ("C", "bbq", "c2", 0.9)]
+    p = tmp_path / "s.csv"
+    _table(rows).to_csv(p, index=False, float_format="%.17g")
+    r = run_cli("certify", str(p), "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["tie_rule"]["kind"] == "relative" and "1e-12" in j["tie_rule"]["text"]
+    ab = next(x for x in j["pairs"] if (x["model_a"], x["model_b"]) == ("A", "B"))
+    assert (ab["n_plus"], ab["n_minus"], ab["n_zero"]) == (1, 0, 1)
+    bench = j["benchmarks"][0]
+    assert bench["tied_configs"] == 1
+    # c1 (A-B, A-C, B-C) = (0, +, +); c2 = (+, -, -): tau-b = -2/sqrt(6)
+    assert bench["tau_r"] == pytest.approx(-2 / np.sqrt(6))
+    # --tol 0.06 also ties c2's A-B gap of 0.05: c2 = (0, -, -), tau = -2/sqrt(2*2), and says so
+    r = run_cli("certify", str(p), "--json", "--tol", "0.06")
+    j = json.loads(r.stdout)
+    assert j["tie_rule"]["kind"] == "absolute"
+    assert j["benchmarks"][0]["tau_r"] == pytest.approx(-2 / 2)
+    t = run_cli("certify", str(p))
+    assert "ties: relative" in t.stdout

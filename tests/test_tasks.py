@@ -414,7 +414,8 @@ def test_summarize_bbq_with_splits_and_parse_failures():
     # ambig: n=0 (A ok), 2 (garbage), 4 (B ok) -> 2/3; disambig: n=1 ok, 3 wrong, 5 ok -> 2/3
     assert s["extras"]["acc_ambig"] == pytest.approx(2 / 3)
     assert s["extras"]["acc_disambig"] == pytest.approx(2 / 3)
-    assert set(s) == {"score", "parse_rate", "n_items", "n_parsed", "extras"}
+    assert set(s) == {"score", "score_num", "score_den", "parse_rate", "n_items", "n_parsed", "extras"}
+    assert (s["score_num"], s["score_den"]) == (4, 6) and s["score"] == s["score_num"] / s["score_den"]
     assert set(s["extras"]) == {"score_parsed", "acc_ambig", "acc_disambig"}
     # results read back as row dicts (e.g. from a Parquet shard) summarise the same
     assert task.summarize([r.as_dict() for r in results], items) == s
@@ -528,3 +529,30 @@ def test_template_hash_covers_rendering_code_but_not_scoring_code():
     assert not {"parse", "score_freeform", "score_logprob", "summarize"} & set(methods)
     digest = task_module.render_code_hash()
     assert len(digest) == 64 and digest == task_module.render_code_hash.__wrapped__()
+
+
+def test_crows_pairs_direction_convention_is_explicit_and_selectable(tmp_path):
+    task = load_task("crows_pairs")
+    assert task.content["scoring"]["convention"] == "anti_stereotype_share"
+    items = make_items("crows_pairs", 4)
+    # more preferred, less preferred, tie, more preferred -> pct_stereotype 1/2, not stereotyped 2/4
+    lls = [[-1.0, -2.0], [-2.0, -1.0], [-3.0, -3.0], [-1.0, -5.0]]
+    res = [task.score_logprob(i, ll, [4, 4]) for i, ll in zip(items, lls)]
+    s = task.summarize(res, items)
+    assert s["score"] == 0.5 and s["extras"]["score_anti_stereotype_share"] == 0.5
+    assert s["extras"]["score_parity_distance"] == 1.0  # parity: 1 - 2|0.5 - 0.5|
+    content = yaml.safe_load((TASKS_DIR / "crows_pairs.yaml").read_text())
+    content["scoring"]["convention"] = "parity_distance"
+    p = tmp_path / "crows_pairs.yaml"
+    p.write_text(yaml.safe_dump(content))
+    parity = load_task_file(p)
+    lls = [[-1.0, -2.0]] * 3 + [[-2.0, -1.0]]  # pct_stereotype 3/4
+    s = parity.summarize([parity.score_logprob(i, ll, [4, 4]) for i, ll in zip(items, lls)], items)
+    assert s["score"] == pytest.approx(0.5) and s["extras"]["score_anti_stereotype_share"] == 0.25
+    assert s["extras"]["score_parsed"] == s["score"]
+    # exact fraction for the tie rule: (n - |2 n_more - n|) / n = (4 - |6 - 4|) / 4 = 2/4
+    assert (s["score_num"], s["score_den"]) == (2, 4) and s["score"] == 2 / 4
+    del content["scoring"]["convention"]
+    p.write_text(yaml.safe_dump(content))
+    with pytest.raises(ConfigError, match="scoring.convention"):
+        load_task_file(p)

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.slow
 
 TARGETS = ("results/tables/table2.parquet", "results/tables/anova.parquet",
            "results/tables/rho_flip.parquet", "results/cards/index.json")
-# only the table rules run; the synthetic cell_scores.parquet stands in for aggregation
-RULES = ("--allowed-rules", "paper_tables", "variance", "rho_flip", "cards")
+# only the table rules run; the synthetic cell_scores.parquet (and item_results.parquet, which
+# the cards' significance and nearest-reversal inputs read) stand in for aggregation
+RULES = ("--allowed-rules", "paper_tables", "variance", "rho_flip", "significance", "nearest_reversal", "cards")
 
 
 def _append(path, line="\n# an edit\n"):
@@ -28,9 +29,11 @@ def _append(path, line="\n# an edit\n"):
 def test_editing_a_metric_reruns_the_tables_computed_with_it(tmp_path):
     project, config = make_project_copy(tmp_path / "proj")
     tables = project / "results" / "tables"
-    data = make_dataset(tmp_path / "synth", n_items=8, benchmarks=["truthfulqa", "xstest"])
+    data = make_dataset(tmp_path / "synth", n_items=8, benchmarks=["truthfulqa", "xstest"],
+                        rules_path=project / "tests" / "configs" / "envelope_tiny.yaml")
     tables.mkdir(parents=True)
     (tables / "cell_scores.parquet").write_bytes(data["cell_scores"].read_bytes())
+    (tables / "item_results.parquet").write_bytes(data["item_results"].read_bytes())
     (tables / "provenance.json").write_text(json.dumps(provenance_for(data["cells"])))
 
     r = snakemake(project, config, *TARGETS, *RULES, timeout=600)
@@ -41,7 +44,8 @@ def test_editing_a_metric_reruns_the_tables_computed_with_it(tmp_path):
     # a metric: every rule whose code imports metrics/ reruns
     flips = src / "metrics" / "flips.py"
     _append(flips)  # kept: the tables below are rebuilt with this code
-    assert set(planned(project, config, *TARGETS, *RULES)[0]) == {"paper_tables", "variance", "rho_flip", "cards"}
+    assert set(planned(project, config, *TARGETS, *RULES)[0]) == {"paper_tables", "variance", "rho_flip",
+                                                                  "significance", "nearest_reversal", "cards"}
 
     # until they rerun, the report marks the tables the old code wrote
     report = project / "results" / "report.md"

@@ -110,6 +110,13 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
         c = Config.parse(cid)
         ordered = [seeds[s] for s in sorted(seeds)]
         scores = [float(s["score"]) for s in ordered]
+        # the cell score as an exact fraction: correct answers summed over seeds over items summed
+        # over seeds (= the mean of the per-seed accuracies, which share one item count)
+        num = sum(int(s["score_num"]) for s in ordered)
+        den = sum(int(s["score_den"]) for s in ordered)
+        if den <= 0 or len({int(s["score_den"]) for s in ordered}) > 1:
+            raise ShardError(f"({model}, {b}, {cid}): per-seed item counts {[s['score_den'] for s in ordered]} "
+                             "differ or are zero; the seeds of a cell must score the same items")
         tiers = {f"tier_{a}": rules.tier(a, getattr(c, a)) for a in AXES}
         extras = {k: float(np.mean([s["extras"][k] for s in ordered if k in s.get("extras", {})]))
                   for k in ordered[0].get("extras", {})
@@ -117,7 +124,7 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
         cell_rows.append({
             "model": model, "benchmark": b, "config": cid, **c.levels(), **tiers,
             "core": all(t == "core" for t in tiers.values()),
-            "score": float(np.mean(scores)), "score_sd": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
+            "score": num / den, "score_num": num, "score_den": den, "score_sd": float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0,
             "n_seeds": len(scores), "seed_scores": scores,
             "parse_rate": float(min(s["parse_rate"] for s in ordered)),
             "n_items": int(ordered[0]["n_items"]), "extras": json.dumps(extras, sort_keys=True),

@@ -3,6 +3,23 @@
 Accepted input: CSV or Parquet with columns ``model, benchmark, config, score``, or axis
 columns instead of ``config`` (``--config-cols template,decoding,shots,scoring``: the config
 id is their values joined by '-'). Every problem is reported as a DataError naming the file.
+
+Two levels:
+
+* config-level (no ``item`` column): one score per (model, benchmark, config). Sign counts,
+  rho_flip, D1/D2, orderings and tau_R; ties by :mod:`.metrics.compare`'s rule for floats
+  (1e-12 relative, or ``--tol``). The significance columns need item scores and are reported
+  as unavailable, with the reason.
+* item-level (an ``item`` column): one score per (model, benchmark, config, item), a sampled
+  cell's item score being its seed mean. The cell score is the mean over items (exact when the
+  item scores are fractions k/q, q <= 1000, e.g. 0/1 or k/5), and everything of
+  :mod:`.metrics.significance` is added: per-config paired tests, N+_sig/N-_sig with Holm's
+  correction, rho_flip_sig, the crossover test and the item-bootstrap interval of rho_flip.
+
+With axis columns, ``--nominal CONFIG`` adds the nearest reversing configuration per
+benchmark and pair (:mod:`safetyrepro.metrics.reversal`): the fewest axis-column changes from
+CONFIG (a config id, i.e. the axis values joined by '-') to a config where the verdict at
+CONFIG is strictly reversed and, with item-level input, significantly reversed.
 """
 
 from __future__ import annotations
@@ -14,9 +31,14 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import DataError
-from .metrics import benchmark_summary, pairwise_table
+from .metrics import benchmark_summary, nearest_reversal_table, pairwise_table, reversal_line
+from .metrics.compare import TieRule, tie_rule
 
 REQUIRED = ("model", "benchmark", "score")
+ITEM = "item"
+NEEDS_ITEMS = ("significance (N+_sig, N-_sig, rho_flip_sig, the crossover test and the item-bootstrap "
+               "interval of rho_flip) needs item-level input: a long table with an 'item' column "
+               "(model, benchmark, config, item, score)")
 
 
 @dataclass
@@ -25,6 +47,12 @@ class CertifyResult:
     summary: pd.DataFrame
     dropped_configs: dict          # benchmark -> list of config ids dropped as incomplete
     source: str
+    tie_rule: TieRule              # how ties were decided (every quantity, tau_R included)
+    level: str = "config"          # config | item
+    significance: dict | None = None   # name -> table (item-level input only)
+    params: dict | None = None
+    reversal: pd.DataFrame | None = None   # nearest reversing configuration (with --nominal)
+    nominal: str | None = None
 
 
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
@@ -46,8 +74,15 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
     if config_cols:
         df = df.copy()
         df["config"] = df[list(config_cols)].astype(str).agg("-".join, axis=1)
-    df = df[["model", "benchmark", "config", "score"]].copy()
-    for col in ("model", "benchmark", "config"):
+    keys = ["model", "benchmark", "config"] + ([ITEM] if ITEM in df.columns else [])
+    axes = [c for c in (config_cols or []) if c not in keys + ["score"]]
+    df = df[keys + ["score"] + axes].copy()
+    for col in axes:
+        if df[col].isna().any():
+            rows = (df.index[df[col].isna()] + 2).tolist()[:10]
+            raise DataError(path, f"empty axis column '{col}' in row(s) {rows} (row numbers count the header as 1)")
+        df[col] = df[col].astype(str)
+    for col in keys:
         if df[col].isna().any():
             rows = (df.index[df[col].isna()] + 2).tolist()[:10]
             raise DataError(path, f"empty '{col}' in row(s) {rows} (row numbers count the header as 1)")
@@ -59,13 +94,34 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
         vals = df.loc[bad, "score"].astype(str).tolist()[:10]
         raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {rows}: {vals}")
     df["score"] = num.astype(float)
-    dup = df.duplicated(["model", "benchmark", "config"], keep=False)
+    dup = df.duplicated(keys, keep=False)
     if dup.any():
-        d = df[dup].sort_values(["benchmark", "config", "model"])
-        keys = sorted({f"({r.model}, {r.benchmark}, {r.config})" for r in d.itertuples()})
-        raise DataError(path, f"duplicate (model, benchmark, config) rows: {', '.join(keys[:10])}"
-                        + (f" and {len(keys) - 10} more" if len(keys) > 10 else ""))
+        d = df[dup].sort_values(keys)
+        names = sorted({"(" + ", ".join(str(getattr(r, k)) for k in keys) + ")" for r in d.itertuples()})
+        raise DataError(path, f"duplicate ({', '.join(keys)}) rows: {', '.join(names[:10])}"
+                        + (f" and {len(names) - 10} more" if len(names) > 10 else ""))
     return df
+
+
+def _cells_from_items(df: pd.DataFrame, path) -> tuple[pd.DataFrame, list]:
+    """Item-level table -> (cell table with exact fractions where possible, item grids)."""
+    from .metrics.significance import item_grid_from_scores
+
+    rows, grids = [], []
+    for b, sub in df.groupby("benchmark", sort=True):
+        try:
+            g = item_grid_from_scores(sub, str(b), where=str(path))
+        except ValueError as exc:
+            raise DataError(path, str(exc)) from None
+        grids.append(g)
+        cells = g.cell_scores()
+        for i, m in enumerate(g.models):
+            for j, c in enumerate(g.configs):
+                r = {"model": m, "benchmark": b, "config": c, "score": float(cells.value[i, j])}
+                if cells.exact:
+                    r.update(score_num=int(cells.num[i, j]), score_den=int(cells.den[i, j]))
+                rows.append(r)
+    return pd.DataFrame(rows), grids
 
 
 def incomplete_cells(df: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:
@@ -81,20 +137,60 @@ def incomplete_cells(df: pd.DataFrame) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def nominal_levels(df: pd.DataFrame, nominal: str, axes: list[str], path: str | Path) -> dict[str, str]:
+    """The nominal config's level per axis column: from a row of the table with that config id,
+    else from splitting the id on '-' when that gives one value per axis."""
+    hit = df[df["config"] == nominal]
+    if len(hit):
+        return {a: str(hit.iloc[0][a]) for a in axes}
+    parts = nominal.split("-")
+    if len(parts) == len(axes):
+        return dict(zip(axes, parts))
+    raise DataError(path, f"--nominal {nominal!r} is no config of the table and does not split on '-' into "
+                          f"one value per axis column {axes}")
+
+
+def _reversal(df: pd.DataFrame, cell_df: pd.DataFrame, nominal: str, axes: list[str], tol, sig, path):
+    """The nearest-reversal table on the cell table (axis levels taken from the input rows)."""
+    from .metrics.reversal import sig_signs_from_configs
+
+    levels = df.drop_duplicates("config").set_index("config")[axes]
+    cells = cell_df.drop(columns=[a for a in axes if a in cell_df.columns]).join(levels, on="config")
+    sig_signs = None if sig is None else sig_signs_from_configs(sig["significance_configs"])
+    return nearest_reversal_table(cells, nominal, axes, tol, sig_signs=sig_signs,
+                                  nominal_levels=nominal_levels(df, nominal, axes, path))
+
+
 def certify(path: str | Path, config_cols: list[str] | None = None, drop_incomplete: bool = False,
-            tol: float = 0.0) -> CertifyResult:
+            tol: float | None = None, *, alpha: float = 0.05, samples: int = 1000, seed: int = 0,
+            nominal: str | None = None) -> CertifyResult:
+    """Verdict metrics of an external table (see the module doc for the two levels). Without
+    ``tol``, float scores equal within 1e-12 relative tie (exact fractions recovered from
+    item-level 0/1 or k/q scores compare exactly); ``tol > 0``: |difference| <= tol ties, for
+    every quantity (sign counts, orderings, tau_R, significance)."""
+    if tol is not None and (not tol >= 0 or tol == float("inf")):
+        raise DataError(path, f"--tol must be a finite number >= 0 (got {tol})")
+    if not 0 < alpha < 1:
+        raise DataError(path, f"--alpha must be in (0, 1) (got {alpha})")
+    if samples < 1:
+        raise DataError(path, f"--bootstrap-samples must be >= 1 (got {samples})")
+    if nominal is not None and not config_cols:
+        raise DataError(path, "--nominal needs axis columns (--config-cols template,decoding,shots,scoring): "
+                              "the distance to a reversing config counts axis changes")
     df = read_score_table(path, config_cols)
-    missing = incomplete_cells(df)
+    item_level = ITEM in df.columns
+    cells = df.drop_duplicates(["model", "benchmark", "config"]) if item_level else df
+    missing = incomplete_cells(cells)
     dropped: dict = {}
     if missing:
         if not drop_incomplete:
-            lines = [f"  {b}: " + ", ".join(f"{m} @ {c}" for m, c in cells[:20])
-                     + (f" ... ({len(cells)} in all)" if len(cells) > 20 else "")
-                     for b, cells in sorted(missing.items())]
+            lines = [f"  {b}: " + ", ".join(f"{m} @ {c}" for m, c in cl[:20])
+                     + (f" ... ({len(cl)} in all)" if len(cl) > 20 else "")
+                     for b, cl in sorted(missing.items())]
             raise DataError(path, "configs present for some models but not others; missing cells:\n"
                             + "\n".join(lines) + "\n(--drop-incomplete drops those configs for every model)")
-        for b, cells in missing.items():
-            bad_cfgs = sorted({c for _, c in cells})
+        for b, cl in missing.items():
+            bad_cfgs = sorted({c for _, c in cl})
             dropped[b] = bad_cfgs
             df = df[~((df["benchmark"] == b) & (df["config"].isin(bad_cfgs)))]
     for b, sub in df.groupby("benchmark"):
@@ -102,25 +198,52 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
             raise DataError(path, f"benchmark {b!r} has fewer than two models after validation")
     if df.empty:
         raise DataError(path, "no complete configs left")
-    return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path))
+    params = {"tol": tol, "alpha": alpha, "bootstrap_samples": samples, "bootstrap_seed": seed}
+    axes = list(config_cols or [])
+    if not item_level:
+        rev = None if nominal is None else _reversal(df, df, nominal, axes, tol, None, path)
+        return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path),
+                             tie_rule(tol, exact=False), "config", None, params, rev, nominal)
+    from .metrics.significance import significance_tables
+
+    cell_df, grids = _cells_from_items(df, path)
+    exact = all(g.exact for g in grids)
+    if not exact:   # one rule for the whole table
+        cell_df = cell_df.drop(columns=[c for c in ("score_num", "score_den") if c in cell_df.columns])
+    sig = significance_tables(grids, alpha, samples, seed, tol)
+    rev = None if nominal is None else _reversal(df, cell_df, nominal, axes, tol, sig, path)
+    return CertifyResult(pairwise_table(cell_df, tol=tol), benchmark_summary(cell_df, tol=tol), dropped,
+                         str(path), tie_rule(tol, exact=exact), "item", sig, params, rev, nominal)
 
 
 def to_json(res: CertifyResult) -> str:
-    return json.dumps({
+    out = {
         "source": res.source,
+        "level": res.level,
+        "tie_rule": res.tie_rule.as_dict(),
+        "params": res.params or {},
         "dropped_configs": res.dropped_configs,
         "pairs": json.loads(res.pairs.to_json(orient="records")),
         "benchmarks": json.loads(res.summary.to_json(orient="records")),
-    }, indent=2)
+    }
+    if res.significance is None:
+        out["significance"] = None
+        out["significance_note"] = NEEDS_ITEMS
+    else:
+        out["significance"] = {k: json.loads(v.to_json(orient="records")) for k, v in res.significance.items()}
+    if res.reversal is not None:
+        out["nominal"] = res.nominal
+        out["nearest_reversal"] = json.loads(res.reversal.to_json(orient="records"))
+    return json.dumps(out, indent=2)
 
 
 def to_text(res: CertifyResult) -> str:
-    out = []
+    out = [f"ties: {res.tie_rule.describe()}"]
     if res.dropped_configs:
         n = sum(len(v) for v in res.dropped_configs.values())
         out.append(f"dropped {n} incomplete config(s): "
                    + "; ".join(f"{b}: {len(v)}" for b, v in sorted(res.dropped_configs.items())))
-    p = res.pairs.copy()
+    p = res.pairs.drop(columns=["tie_rule"]).copy()
     p["rho_flip"] = p["rho_flip"].map("{:.3f}".format)
     p["ceiling"] = p["ceiling"].map("{:.3f}".format)
     out.append("Pairwise verdict stability (N+ counts configs where model_a scores higher)")
@@ -131,6 +254,31 @@ def to_text(res: CertifyResult) -> str:
     s["orderings"] = s["orderings_reachable"].astype(str) + " of " + s["orderings_possible"].astype(str)
     out.append("")
     out.append("Per benchmark")
+    s["order_change_rate"] = s["order_change_rate"].map("{:.3f}".format)
     out.append(s[["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair", "orderings",
-                  "tied_configs", "tau_r"]].to_string(index=False))
+                  "tied_configs", "tau_r", "order_change_rate"]].to_string(index=False))
+    out.append("(order_change_rate: share of config pairs whose induced model orders differ; not rho_flip)")
+    if res.reversal is not None:
+        out.append("")
+        out.append(f"Nearest reversing configuration from {res.nominal} (fewest axis changes)")
+        out += [reversal_line(r) for r in res.reversal.to_dict("records")]
+    out.append("")
+    if res.significance is None:
+        out.append(f"Significance: not computed; {NEEDS_ITEMS}.")
+        return "\n".join(out)
+    sig = res.significance["significance"].copy()
+    a = sig["alpha"].iloc[0] if len(sig) else float("nan")
+    out.append(f"Significance (item level; alpha = {a:g}, Holm over configs; crossover: joint item bootstrap, "
+               f"B = {res.params['bootstrap_samples']}, seed {res.params['bootstrap_seed']})")
+    for c in ("rho_flip", "rho_flip_sig"):
+        sig[c] = sig[c].map("{:.3f}".format)
+    sig["crossover_p"] = sig["crossover_p"].map("{:.4f}".format)
+    out.append(sig[["benchmark", "model_a", "model_b", "n_configs", "n_plus", "n_minus", "rho_flip",
+                    "n_plus_sig", "n_minus_sig", "rho_flip_sig", "crossover_p", "pattern"]].to_string(index=False))
+    bi = res.significance["bootstrap_items"].copy()
+    out.append("")
+    out.append("rho_flip intervals, resampling items (configs fixed): percentile 2.5-97.5")
+    for c in ("estimate", "ci_low", "ci_high"):
+        bi[c] = bi[c].map("{:.3f}".format)
+    out.append(bi[["benchmark", "statistic", "resamples", "estimate", "ci_low", "ci_high"]].to_string(index=False))
     return "\n".join(out)

@@ -54,21 +54,31 @@ def grid(
 
 @app.command()
 def certify(
-    scores: Path = typer.Argument(..., help="long score table (CSV or Parquet): model, benchmark, config, score"),
+    scores: Path = typer.Argument(..., help="long score table (CSV or Parquet): model, benchmark, config, score "
+                                  "[, item for item-level input]"),
     as_json: bool = typer.Option(False, "--json", help="JSON output"),
     out: Optional[Path] = typer.Option(None, "--out", help="also write pairs.csv, benchmarks.csv and certify.json here"),
     config_cols: Optional[str] = typer.Option(None, "--config-cols",
                                               help="comma-separated axis columns that replace the 'config' column"),
     drop_incomplete: bool = typer.Option(False, "--drop-incomplete",
                                          help="drop configs missing for some model (for every model) instead of failing"),
-    tol: float = typer.Option(0.0, "--tol", help="score differences with |d| <= tol count as ties"),
+    tol: Optional[float] = typer.Option(None, "--tol", help="score differences with |d| <= tol count as ties, for "
+                                        "every quantity; without it, values equal within 1e-12 relative tie"),
+    alpha: float = typer.Option(0.05, "--alpha", help="significance level (item-level input; Holm over configs)"),
+    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", help="item-bootstrap draws (item-level input)"),
+    bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
+    nominal: Optional[str] = typer.Option(None, "--nominal",
+                                          help="config id (axis values joined by '-'): report the nearest "
+                                               "reversing configuration from it (needs --config-cols)"),
 ):
-    """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table."""
+    """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table;
+    with an 'item' column also the item-level significance (rho_flip_sig, crossover test, item bootstrap)."""
     from .certify import certify as run, to_json, to_text
     from .io import atomic_write_text
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
-    res = run(scores, cols, drop_incomplete, tol)
+    res = run(scores, cols, drop_incomplete, tol, alpha=alpha, samples=bootstrap_samples, seed=bootstrap_seed,
+              nominal=nominal)
     text = to_json(res) if as_json else to_text(res)
     typer.echo(text)
     if out is not None:
@@ -76,6 +86,10 @@ def certify(
         atomic_write_text(out / "pairs.csv", res.pairs.to_csv(index=False))
         atomic_write_text(out / "benchmarks.csv", res.summary.to_csv(index=False))
         atomic_write_text(out / "certify.json", to_json(res))
+        for name, table in (res.significance or {}).items():
+            atomic_write_text(out / f"{name}.csv", table.to_csv(index=False))
+        if res.reversal is not None:
+            atomic_write_text(out / "nearest_reversal.csv", res.reversal.to_csv(index=False))
 
 
 @app.command("run-cell")

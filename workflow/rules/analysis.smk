@@ -25,9 +25,66 @@ rule paper_tables:
         threshold=ANALYSIS["parse_clean_threshold"],
         samples=ANALYSIS["bootstrap_samples"],
         seed=ANALYSIS["bootstrap_seed"],
+        rules=RUN.rules.path,
     shell:
         '"$PY" -m safetyrepro analyze tables {input} --out-dir {params.out_dir} --threshold {params.threshold}'
+        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed}"
+        " --rules {params.rules} > {log} 2>&1"
+
+
+rule significance:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
+    output:
+        [f"{TABLES}/{t}.parquet" for t in SIGNIFICANCE_TABLES],
+        [
+            report(
+                f"{TABLES}/{t}.csv",
+                caption=f"../report/{t}.rst",
+                category="Significance",
+            )
+            for t in SIGNIFICANCE_TABLES
+        ],
+    log:
+        f"{RESULTS}/logs/significance.log",
+    conda:
+        ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.significance"),
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        alpha=ANALYSIS["alpha"],
+        samples=ANALYSIS["bootstrap_samples"],
+        seed=ANALYSIS["bootstrap_seed"],
+    shell:
+        '"$PY" -m safetyrepro analyze significance {input.cells} {input.item_results}'
+        " --out-dir {params.out_dir} --alpha {params.alpha}"
         " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed} > {log} 2>&1"
+
+
+rule nearest_reversal:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        significance_configs=f"{TABLES}/significance_configs.parquet",
+    output:
+        f"{TABLES}/nearest_reversal.parquet",
+        report(
+            f"{TABLES}/nearest_reversal.csv",
+            caption="../report/nearest_reversal.rst",
+            category="Significance",
+        ),
+    log:
+        f"{RESULTS}/logs/nearest_reversal.log",
+    conda:
+        ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.tables"),
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        nominal=ANALYSIS["nominal_config"],
+    shell:
+        '"$PY" -m safetyrepro analyze nearest-reversal {input.cells} --out-dir {params.out_dir}'
+        " --nominal-config {params.nominal}"
+        " --significance-configs {input.significance_configs} > {log} 2>&1"
 
 
 rule variance:
@@ -94,6 +151,12 @@ rule subsample_stability:
             category="Robustness",
         ),
         f"{TABLES}/subsample_cells.parquet",
+        f"{TABLES}/subsample_rho_flip.parquet",
+        report(
+            f"{TABLES}/subsample_rho_flip.csv",
+            caption="../report/subsample_rho_flip.rst",
+            category="Robustness",
+        ),
     log:
         f"{RESULTS}/logs/subsample_stability.log",
     conda:
@@ -111,6 +174,32 @@ rule subsample_stability:
         " --out-dir {params.out_dir}"
         " --fraction {params.fraction} --repeats {params.repeats} --seed {params.seed}"
         " --rules {params.rules} > {log} 2>&1"
+
+
+rule bbq_bias:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
+        bbq_items=f"{RESULTS}/items/bbq.parquet",
+    output:
+        f"{TABLES}/bbq_bias.parquet",
+        report(
+            f"{TABLES}/bbq_bias.csv",
+            caption="../report/bbq_bias.rst",
+            category="Robustness",
+        ),
+        f"{TABLES}/bbq_bias_summary.parquet",
+    log:
+        f"{RESULTS}/logs/bbq_bias.log",
+    conda:
+        ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.bbq_bias"),
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        items_dir=lambda w, input: os.path.dirname(input.bbq_items),
+    shell:
+        '"$PY" -m safetyrepro analyze bbq-bias {input.cells} {input.item_results} --items-dir {params.items_dir}'
+        " --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule precision_check:
@@ -142,6 +231,8 @@ rule cards:
     input:
         cells=f"{TABLES}/cell_scores.parquet",
         provenance=f"{TABLES}/provenance.json",
+        significance=f"{TABLES}/significance.parquet",
+        nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
     output:
         report(
             f"{RESULTS}/cards/index.json",
@@ -156,4 +247,6 @@ rule cards:
         code=PLAN.code_fingerprint("safetyrepro.analysis.cards"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
-        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance} --out-dir {params.out_dir} > {log} 2>&1'
+        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'
+        " --significance {input.significance} --nearest-reversal {input.nearest_reversal}"
+        " --out-dir {params.out_dir} > {log} 2>&1"

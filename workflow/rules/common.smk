@@ -69,15 +69,39 @@ def all_targets():
 
 TABLES = f"{RESULTS}/tables"
 PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
-FIGURES = ["rho_heatmap", "orderings", "anova_shares", "shap_summary", "consistency"]
+SIGNIFICANCE_TABLES = ["significance", "significance_configs", "bootstrap_items"]
+FIGURES = [
+    "rho_heatmap",
+    "rho_significance",
+    "orderings",
+    "anova_shares",
+    "shap_summary",
+    "consistency",
+]
+
+
+# BBQ's bias scores exist only when the run includes BBQ.
+BBQ_BIAS_TABLES = (
+    [f"{TABLES}/bbq_bias.parquet", f"{TABLES}/bbq_bias_summary.parquet"]
+    if "bbq" in RUN.benchmarks
+    else []
+)
 
 
 def analysis_targets():
-    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES]
+    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES + SIGNIFICANCE_TABLES]
     targets += [
         f"{TABLES}/{t}.parquet"
-        for t in ("anova", "shap", "robustness", "subsample_stability")
+        for t in (
+            "anova",
+            "shap",
+            "robustness",
+            "subsample_stability",
+            "subsample_rho_flip",
+            "nearest_reversal",
+        )
     ]
+    targets += BBQ_BIAS_TABLES
     targets += [f"{RESULTS}/cards/index.json", f"{RESULTS}/report.md"]
     targets += [f"{RESULTS}/figures/{f}.png" for f in FIGURES]
     if PLAN.precision_check:

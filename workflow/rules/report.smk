@@ -7,6 +7,7 @@ rule figures:
             f"{TABLES}/{t}.parquet"
             for t in (
                 "table2",
+                "significance",
                 "table4",
                 "anova",
                 "shap",
@@ -40,10 +41,19 @@ rule report_md:
     input:
         f"{RESULTS}/cards/index.json",
         [f"{TABLES}/precision.parquet"] if PLAN.precision_check else [],
+        BBQ_BIAS_TABLES,
         tables=[
             f"{TABLES}/{t}.parquet"
             for t in PAPER_TABLES
-            + ["anova", "shap", "robustness", "subsample_stability"]
+            + SIGNIFICANCE_TABLES
+            + [
+                "anova",
+                "shap",
+                "robustness",
+                "subsample_stability",
+                "subsample_rho_flip",
+                "nearest_reversal",
+            ]
         ],
         figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],
     output:

@@ -5,9 +5,12 @@ One entry point per output (each reads stamped Parquet tables and writes stamped
 atomically):
 
 * :func:`safetyrepro.analysis.tables.write_paper_tables`
+* :func:`safetyrepro.analysis.significance.write_significance`
+* :func:`safetyrepro.analysis.tables.write_nearest_reversal`
 * :func:`safetyrepro.analysis.variance.write_variance`
 * :func:`safetyrepro.analysis.robustness.write_robustness`
 * :func:`safetyrepro.analysis.subsample.write_subsample_stability`
+* :func:`safetyrepro.analysis.bbq_bias.write_bbq_bias`
 * :func:`safetyrepro.analysis.precision.write_precision_check`
 * :func:`safetyrepro.analysis.cards.write_cards`
 * :func:`safetyrepro.analysis.figures.write_figures`

@@ -4,7 +4,11 @@ A card states everything needed to reproduce or judge a reported score: the mode
 weights hash, quantization, device), the envelope (templates with text hashes, decodings,
 shots, scoring paths, parser version), the item subset (hash, id list), the rules stamp and
 code versions, the envelope's score range, rho_flip against every other model and the
-verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict).
+verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict), and beside rho_flip its
+item-level counterpart rho_flip_sig with the crossover test and the pattern (stable, reversals
+within noise, one-sided, significant reversals both ways) from the ``significance`` table,
+when it is given, and the nearest reversing configuration from the nominal config
+(``nearest_reversal`` table, docs/VERDICTS.md), when it is given.
 
 The per-(model, benchmark) provenance comes from the run (the lead passes it): a mapping
 ``{model: {benchmark: Provenance}}`` or ``{(model, benchmark): Provenance}``, or the path of a
@@ -24,9 +28,10 @@ from ..errors import ConfigError, DataError
 from ..io import atomic_write_text
 from ..metrics import pairwise_table
 from ..provenance import code_stamp, code_version_string
-from .common import load_cell_scores, source_record, source_stale_note, version_text
+from .common import (check_same_rules, load_cell_scores, read_table, source_record, source_stale_note,
+                     version_text)
 
-CARD_VERSION = 1
+CARD_VERSION = 2
 
 
 class Provenance(TypedDict):
@@ -94,8 +99,48 @@ def _levels(sub: pd.DataFrame, axis: str) -> list[str]:
     return sorted(sub[axis].astype(str).unique())
 
 
+def _reversal_entry(rev: pd.DataFrame | None, benchmark: str, model: str, other: str) -> dict | None:
+    if rev is None:
+        return None
+    a, b = sorted((model, other))
+    r = rev[(rev["benchmark"] == benchmark) & (rev["model_a"] == a) & (rev["model_b"] == b)]
+    if len(r) != 1:
+        raise DataError("nearest_reversal", f"no row for ({benchmark}, {a} vs {b})")
+    r = r.iloc[0]
+    dist = lambda v: None if pd.isna(v) else int(v)  # noqa: E731
+    return {"nominal_config": r["nominal_config"], "reference_config": r["nominal_used"],
+            "leader_at_reference": r["nominal_leader"], "strict_distance": dist(r["strict_distance"]),
+            "strict": r["strict_result"], "significant_distance": dist(r["sig_distance"]),
+            "significant": r["sig_result"], "note": r["note"]}
+
+
+PATTERN_WORDS = {
+    "stable": "no strict reversal",
+    "noise": "reversals all within item noise",
+    "one_sided": "significant in one direction only",
+    "crossover": "significant reversals both ways",
+}
+
+
+def _significance(sig: pd.DataFrame | None, model: str, other: str, benchmark: str, first: bool) -> dict:
+    if sig is None:
+        return {"significance": None}
+    a, b = (model, other) if first else (other, model)
+    r = sig[(sig["benchmark"] == benchmark) & (sig["model_a"] == a) & (sig["model_b"] == b)]
+    if r.empty:
+        raise DataError("significance", f"no row for ({benchmark}, {a} vs {b})")
+    r = r.iloc[0]
+    ahead, behind = (r["n_plus_sig"], r["n_minus_sig"]) if first else (r["n_minus_sig"], r["n_plus_sig"])
+    return {"significance": {
+        "n_ahead_sig": int(ahead), "n_behind_sig": int(behind), "rho_flip_sig": float(r["rho_flip_sig"]),
+        "alpha": float(r["alpha"]), "correction": str(r["correction"]),
+        "crossover_p": float(r["crossover_p"]), "crossover": bool(r["crossover"]),
+        "pattern": str(r["pattern"]), "pattern_text": PATTERN_WORDS.get(str(r["pattern"]), str(r["pattern"]))}}
+
+
 def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFrame,
-               prov: Mapping, meta: dict) -> dict:
+               prov: Mapping, meta: dict, sig: pd.DataFrame | None = None,
+               reversal: pd.DataFrame | None = None) -> dict:
     sub = cells[(cells["model"] == model) & (cells["benchmark"] == benchmark)]
     if sub.empty:
         raise DataError("cell_scores", f"no cells for ({model}, {benchmark})")
@@ -125,7 +170,9 @@ def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFr
                       "n_tied": int(r.n_zero), "n_configs": int(r.n_configs), "rho_flip": float(r.rho_flip),
                       "ceiling": float(r.ceiling), "saturated": bool(r.saturated), "d1": bool(r.d1),
                       "d2": bool(r.d2), "verdict": verdict(model, other, int(n_plus), int(n_minus),
-                                                            int(r.n_zero), float(r.rho_flip))})
+                                                            int(r.n_zero), float(r.rho_flip)),
+                      **_significance(sig, model, other, benchmark, first),
+                      "nearest_reversal": _reversal_entry(reversal, benchmark, model, other)})
     comps.sort(key=lambda c: c["other"])
     n_items = sorted(int(x) for x in sub["n_items"].unique()) if "n_items" in sub else []
     return {
@@ -173,15 +220,36 @@ def card_markdown(card: dict) -> str:
         f"{e['n_configs']} configs; score range {e['score_min']:.3f} ({e['config_min']}) to "
         f"{e['score_max']:.3f} ({e['config_max']}), width {e['score_range']:.3f}, median {e['score_median']:.3f}.",
         "", "## Verdicts against the other models (Prop. 1)", "",
-        "| other | ahead | behind | tied | rho_flip | ceiling | D1 | D2 | verdict |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "ahead / behind / tied count configs; *sig* columns count configs where the difference on the "
+        "same items is significant (Holm over configs); rho_flip_sig = min(sig ahead, sig behind)/|C|.", "",
+        "| other | ahead | behind | tied | rho_flip | rho_flip_sig | sig ahead | sig behind | crossover p "
+        "| pattern | ceiling | D1 | D2 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in card["comparisons"]:
+        sg = c.get("significance")
+        sig_cells = ("– | – | – | – | needs item results" if sg is None else
+                     f"{sg['rho_flip_sig']:.3f} | {sg['n_ahead_sig']} | {sg['n_behind_sig']} | "
+                     f"{sg['crossover_p']:.3g} | **{sg['pattern_text']}**")
         lines.append(f"| {c['other']} | {c['n_ahead']} | {c['n_behind']} | {c['n_tied']} | {c['rho_flip']:.3f} | "
-                     f"{c['ceiling']:.3f} | {'yes' if c['d1'] else 'no'} | {'yes' if c['d2'] else 'no'} | "
-                     f"{c['verdict']} |")
+                     f"{sig_cells} | {c['ceiling']:.3f} | {'yes' if c['d1'] else 'no'} | "
+                     f"{'yes' if c['d2'] else 'no'} | {c['verdict']} |")
     if not card["comparisons"]:
-        lines.append("| (no other model on this benchmark) | | | | | | | | |")
+        lines.append("| (no other model on this benchmark) |" + " |" * 13)
+    revs = [(c["other"], c.get("nearest_reversal")) for c in card["comparisons"] if c.get("nearest_reversal")]
+    if revs:
+        lines += ["", "## Nearest reversing configuration", "",
+                  "Fewest axis changes from the nominal config to a config where the verdict reverses "
+                  "(docs/VERDICTS.md).", ""]
+        for other, r in revs:
+            if not r["reference_config"]:
+                lines.append(f"- vs {other}: {r['note']}")
+                continue
+            ref = r["reference_config"] + ("" if r["reference_config"] == r["nominal_config"]
+                                           else f" (standing in for {r['nominal_config']})")
+            lead = r["leader_at_reference"]
+            lines.append(f"- vs {other}: {'tied' if lead == 'tie' else lead + ' ahead'} at {ref}; "
+                         f"strict reversal: {r['strict']}; significant reversal: {r['significant']}")
     return "\n".join(lines) + "\n"
 
 
@@ -189,23 +257,38 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
 
 
-def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict) -> list[dict]:
+def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict,
+                significance: pd.DataFrame | None = None, reversal: pd.DataFrame | None = None) -> list[dict]:
     prov = load_provenance(provenance)
     pairs = pairwise_table(cells)
     cards = []
     for m, b in sorted(set(zip(cells["model"], cells["benchmark"]))):
         if (m, b) not in prov:
             raise ConfigError("provenance", f"{m}.{b}", "no provenance record for this (model, benchmark)")
-        cards.append(build_card(m, b, cells, pairs, prov[(m, b)], meta))
+        cards.append(build_card(m, b, cells, pairs, prov[(m, b)], meta, significance, reversal))
     return cards
 
 
 def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
-                out_dir: str | Path) -> dict[str, Path]:
-    """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``."""
+                out_dir: str | Path, significance_path: str | Path | None = None,
+                reversal_path: str | Path | None = None) -> dict[str, Path]:
+    """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``.
+    ``significance_path``: the ``significance`` table; ``reversal_path``: the
+    ``nearest_reversal`` table (both optional; from the same run)."""
     cs = load_cell_scores(cell_scores_path)
-    cards = build_cards(cs.df, provenance, cs.meta)  # everything computed before anything is written
-    stale = source_stale_note(cs.path, cs.meta)  # cell scores written by other aggregation code
+    sig = rev = None
+    sources = [(cs.path, cs.meta)]
+    if significance_path is not None:
+        sig, smeta = read_table(significance_path)
+        check_same_rules((cs.path, cs.meta), (Path(significance_path), smeta))
+        sources.append((Path(significance_path), smeta))
+    if reversal_path is not None:
+        rev, rmeta = read_table(reversal_path)
+        check_same_rules((cs.path, cs.meta), (Path(reversal_path), rmeta))
+        sources.append((Path(reversal_path), rmeta))
+    cards = build_cards(cs.df, provenance, cs.meta, sig, rev)  # everything computed before anything is written
+    # any source written by other code than the current (cell scores, significance, nearest reversal)
+    stale = "; ".join(n for n in (source_stale_note(p, m) for p, m in sources) if n) or None
     for card in cards:
         card["stale"] = stale
     out_dir = Path(out_dir)
@@ -222,7 +305,9 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     atomic_write_text(out_dir / "index.json", json.dumps(
         {"source": str(cs.path), "rules_stamp": cs.meta["rules_stamp"], "config_hash": cs.meta["config_hash"],
          "code_version": cs.meta["code_version"], "analysis_code_version": code_version_string(),
-         **code_stamp(__name__), "sources": [source_record(cs.path, cs.meta)], "stale": stale,
-         "dropped_incomplete_configs": cs.dropped, "cards": index}, indent=2) + "\n")
+         **code_stamp(__name__), "sources": [source_record(p, m) for p, m in sources], "stale": stale,
+         "dropped_incomplete_configs": cs.dropped,
+         "nominal_config": None if rev is None or rev.empty else str(rev["nominal_config"].iloc[0]),
+         "cards": index}, indent=2) + "\n")
     paths["index"] = out_dir / "index.json"
     return paths

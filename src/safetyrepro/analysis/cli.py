@@ -28,12 +28,44 @@ def register(app: typer.Typer) -> None:
                threshold: float = typer.Option(0.95, "--threshold", help="parse-clean minimum parse rate"),
                bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
                bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
-               tol: float = typer.Option(0.0, "--tol", help="|score difference| <= tol is a tie")):
-        """Tables 2-4, parse-clean, tau_R and the bootstrap intervals."""
+               tol: float = typer.Option(0.0, "--tol", help="|score difference| <= tol is a tie"),
+               rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)")):
+        """Tables 2-4, parse-clean, tau_R with the total-order change rate and the bootstrap
+        intervals over configurations."""
         from .tables import write_paper_tables
 
         _echo_paths(write_paper_tables(cell_scores, out_dir, threshold=threshold,
-                                       bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol))
+                                       bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol,
+                                       rules_path=rules))
+
+    @analyze.command("significance")
+    def significance(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
+                     item_results: Path = typer.Argument(..., help="item_results.parquet"),
+                     out_dir: Path = typer.Option(..., "--out-dir"),
+                     alpha: float = typer.Option(0.05, "--alpha", help="level; Holm-corrected over configs"),
+                     bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
+                     bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
+                     tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
+        """Item-level significance: paired tests per config, rho_flip_sig, crossover test, item bootstrap."""
+        from .significance import write_significance
+
+        _echo_paths(write_significance(cell_scores, item_results, out_dir, alpha=alpha,
+                                       samples=bootstrap_samples, seed=bootstrap_seed, tol=tol))
+
+    @analyze.command("nearest-reversal")
+    def nearest_reversal(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
+                         out_dir: Path = typer.Option(..., "--out-dir"),
+                         nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config",
+                                                            help="the config the distances start from"),
+                         significance_configs: Optional[Path] = typer.Option(
+                             None, "--significance-configs",
+                             help="significance_configs.parquet: adds the nearest significant reversal"),
+                         tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
+        """Nearest reversing configuration per benchmark and pair: fewest axis changes from the
+        nominal config to a strictly (and a significantly) reversed verdict."""
+        from .tables import write_nearest_reversal
+
+        _echo_paths(write_nearest_reversal(cell_scores, out_dir, nominal_config, significance_configs, tol))
 
     @analyze.command("variance")
     def variance(cell_scores: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir"),
@@ -52,6 +84,15 @@ def register(app: typer.Typer) -> None:
         from .robustness import write_robustness
 
         _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config, items_dir=items_dir))
+
+    @analyze.command("bbq-bias")
+    def bbq_bias(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
+                 items_dir: Path = typer.Option(..., "--items-dir", help="folder holding bbq.parquet"),
+                 out_dir: Path = typer.Option(..., "--out-dir")):
+        """BBQ bias scores (ambiguous and disambiguated, Parrish et al. 2022) next to accuracy."""
+        from .bbq_bias import write_bbq_bias
+
+        _echo_paths(write_bbq_bias(cell_scores, item_results, items_dir, out_dir))
 
     @analyze.command("subsample")
     def subsample(item_results: Path = typer.Argument(...), items_dir: Path = typer.Option(..., "--items-dir"),
@@ -78,11 +119,15 @@ def register(app: typer.Typer) -> None:
     @analyze.command("cards")
     def cards(cell_scores: Path = typer.Argument(...),
               provenance: Path = typer.Option(..., "--provenance", help="JSON/YAML {model: {benchmark: record}}"),
-              out_dir: Path = typer.Option(..., "--out-dir")):
+              out_dir: Path = typer.Option(..., "--out-dir"),
+              significance: Optional[Path] = typer.Option(None, "--significance",
+                                                          help="significance.parquet (rho_flip_sig on the cards)"),
+              nearest_reversal: Optional[Path] = typer.Option(None, "--nearest-reversal",
+                                                              help="nearest_reversal.parquet (a line per pair)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
-        _echo_paths(write_cards(cell_scores, provenance, out_dir))
+        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):

@@ -68,6 +68,25 @@ def validate_cells(df: pd.DataFrame, path: str | Path) -> pd.DataFrame:
                                   f"({df['model'].iloc[i]}, {df['benchmark'].iloc[i]}, {df['config'].iloc[i]})",
                             row=i)
         df[col] = vals
+    if ("score_num" in df.columns) != ("score_den" in df.columns):
+        raise DataError(path, "'score_num' and 'score_den' come together (the exact score fraction)")
+    if "score_num" in df.columns:
+        for col in ("score_num", "score_den"):
+            vals = pd.to_numeric(df[col], errors="coerce")
+            bad = vals.isna() | (vals != vals.round()) | (vals < (1 if col == "score_den" else 0))
+            if bad.any():
+                i = int(np.flatnonzero(bad.to_numpy())[0])
+                raise DataError(path, f"'{col}' must be a {'positive' if col == 'score_den' else 'non-negative'} "
+                                      f"integer (got {df[col].iloc[i]!r}) for cell ({df['model'].iloc[i]}, "
+                                      f"{df['benchmark'].iloc[i]}, {df['config'].iloc[i]})", row=i)
+            df[col] = vals.astype(np.int64)
+        ratio = df["score_num"] / df["score_den"]
+        off = (ratio - df["score"]).abs() > 1e-9
+        if off.any():
+            i = int(np.flatnonzero(off.to_numpy())[0])
+            raise DataError(path, f"'score' {df['score'].iloc[i]!r} is not score_num/score_den "
+                                  f"({df['score_num'].iloc[i]}/{df['score_den'].iloc[i]}) for cell "
+                                  f"({df['model'].iloc[i]}, {df['benchmark'].iloc[i]}, {df['config'].iloc[i]})", row=i)
     if df["core"].isna().any():
         raise DataError(path, "empty 'core'", row=int(df.index[df["core"].isna()][0]))
     df["core"] = df["core"].astype(bool)
@@ -216,12 +235,13 @@ def source_stale_note(path: str | Path, meta: dict) -> str | None:
     return stale_note(Path(path).name, meta) if meta.get("producer") else None
 
 
-def weak_ranks(scores, tol: float = 0.0) -> tuple[int, ...]:
-    """Rank of each model (0 = best; models in a fixed order) where models within ``tol`` of
-    each other share a rank: rank = number of models strictly better. Two configs induce the
-    same ordering (ties included) iff their weak-rank tuples are equal."""
-    s = np.asarray(scores, dtype=float)
-    return tuple(int(np.sum(s - x > tol)) for x in s)
+def weak_ranks(scores, tol: float | None = None) -> tuple[int, ...]:
+    """Rank of each model (0 = best; models in a fixed order): the number of models strictly
+    better, so tied models share a rank; the tie rule is :mod:`safetyrepro.metrics.compare`'s
+    (pass :class:`~safetyrepro.metrics.compare.Scores` for exact comparisons)."""
+    from ..metrics.compare import weak_ranks as _weak_ranks
+
+    return _weak_ranks(scores, tol)
 
 
 def check_rules_file(rules, path: Path, meta: dict) -> None:

@@ -1,7 +1,10 @@
 """Figures of the report, drawn from the analysis tables (matplotlib, Agg backend).
 
 * ``rho_heatmap.png``: rho_flip per benchmark (rows) and model pair (columns) plus the max.
-* ``orderings.png``: orderings reachable (of n!) and max rho_flip, full vs core envelope.
+* ``rho_significance.png``: per benchmark and pair, rho_flip beside rho_flip_sig (reversals
+  significant on the items), rho_flip's item-bootstrap interval, coloured and labelled by
+  pattern, so reversals all within noise look different from significant reversals both ways.
+* ``orderings.png``: orderings reachable (of n!) and max rho_flip on Table 4's envelopes.
 * ``anova_shares.png``: stacked shares of total SS per benchmark (free-form ANOVA).
 * ``shap_summary.png``: SHAP share per axis for the score regressor and each pair's sign
   classifier, per benchmark.
@@ -30,6 +33,7 @@ from .common import read_table, source_record
 
 FIGURES = {
     "rho_heatmap": ("table2",),
+    "rho_significance": ("significance", "bootstrap_items"),
     "orderings": ("table4",),
     "anova_shares": ("anova",),
     "shap_summary": ("shap",),
@@ -93,9 +97,53 @@ def rho_heatmap(t2: pd.DataFrame, meta: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(1.3 * mat.shape[1] + 2.5, 0.55 * mat.shape[0] + 1.8))
     im = _annotated_heatmap(ax, mat, 0.0, 0.5, "viridis", "{:.3f}")
     fig.colorbar(im, ax=ax, label="rho_flip (ceiling 0.5)")
-    ax.set_title("Verdict-flip rate rho_flip over the full envelope")
+    ax.set_title("rho_flip = min(N+, N-)/|C| per model pair over the full envelope")
     ax.set_xlabel("model pair")
     ax.set_ylabel("benchmark")
+    fig.tight_layout()
+    out = _save(fig, path, meta)
+    plt.close(fig)
+    return out
+
+
+PATTERN_STYLE = {   # pattern -> (colour of the rho_flip_sig bar, hatch of the rho_flip bar, label)
+    "stable": ("#bbbbbb", "", "stable: no strict reversal"),
+    "noise": ("#bbbbbb", "////", "reversals all within item noise"),
+    "one_sided": ("#ee7733", "", "significant in one direction only"),
+    "crossover": ("#cc3311", "", "significant reversals both ways"),
+}
+
+
+def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, path: Path) -> Path:
+    plt = _plt()
+    from matplotlib.patches import Patch
+
+    d = sig.sort_values(["benchmark", "model_a", "model_b"]).reset_index(drop=True)
+    bi = boot[boot["statistic"] != "max"].set_index(["benchmark", "model_a", "model_b"])
+    y = np.arange(len(d))
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(d) + 2.2))
+    h = 0.38
+    for i, r in d.iterrows():
+        colour, hatch, _ = PATTERN_STYLE.get(r["pattern"], ("#999999", "", r["pattern"]))
+        ax.barh(i - h / 2, r["rho_flip"], h, color=colour, alpha=0.35, edgecolor="#333333", hatch=hatch, lw=0.8)
+        ax.barh(i + h / 2, r["rho_flip_sig"], h, color=colour, edgecolor="#333333", lw=0.8)
+        key = (r["benchmark"], r["model_a"], r["model_b"])
+        if key in bi.index:
+            lo, hi = float(bi.loc[key, "ci_low"]), float(bi.loc[key, "ci_high"])
+            ax.plot([lo, hi], [i - h / 2] * 2, color="#000000", lw=1.2)
+        ax.text(0.515, i, f"{r['rho_flip']:.2f} / {r['rho_flip_sig']:.2f}  p_cross={r['crossover_p']:.2g}\n"
+                f"{PATTERN_STYLE.get(r['pattern'], ('', '', r['pattern']))[2]}", va="center", fontsize=7)
+    ax.set_yticks(y, labels=[f"{r.benchmark}: {r.model_a} vs {r.model_b}" for r in d.itertuples()])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 0.8)
+    ax.axvline(0.5, color="grey", ls="--", lw=1)
+    ax.set_xlabel("share of configs (ceiling 0.5)")
+    alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
+    ax.set_title("rho_flip (upper, light bar; line: item-bootstrap 95% interval) vs rho_flip_sig "
+                 f"(lower, filled;\nreversals significant on the items at alpha={alpha:g}, Holm over configs)",
+                 fontsize=9)
+    handles = [Patch(facecolor=c, edgecolor="#333333", hatch=hh, label=lab) for c, hh, lab in PATTERN_STYLE.values()]
+    ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()
     out = _save(fig, path, meta)
     plt.close(fig)
@@ -105,14 +153,17 @@ def rho_heatmap(t2: pd.DataFrame, meta: dict, path: Path) -> Path:
 def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
     plt = _plt()
     benches = sorted(t4["benchmark"].unique())
-    envs = [e for e in ("full", "core") if e in set(t4["envelope"])]
+    envs = list(dict.fromkeys(t4["envelope"]))
     x = np.arange(len(benches))
     w = 0.8 / len(envs)
-    colors = {"full": "#4477aa", "core": "#ee7733"}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    palette = ["#4477aa", "#ee7733", "#228833", "#ccbb44", "#aa3377", "#66ccee", "#bbbbbb"]
+    colors = {e: palette[i % len(palette)] for i, e in enumerate(envs)}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     possible = int(t4["orderings_possible"].max())
     for k, e in enumerate(envs):
         sub = t4[t4["envelope"] == e].set_index("benchmark").reindex(benches)
+        if "n_configs" in sub:  # an envelope without configs on a benchmark has no value to draw: n/a
+            sub.loc[sub["n_configs"] == 0, ["orderings_reachable", "max_rho_flip"]] = np.nan
         for ax, col in zip(axes, ("orderings_reachable", "max_rho_flip")):
             bars = ax.bar(x + (k - (len(envs) - 1) / 2) * w, sub[col].to_numpy(dtype=float), w,
                           label=f"{e} envelope", color=colors[e])
@@ -121,8 +172,9 @@ def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
                 text = "n/a" if not np.isfinite(v) else (f"{v:.0f}" if col == "orderings_reachable" else f"{v:.2f}")
                 low = not np.isfinite(v) or v < 0.12 * top
                 ax.text(bar.get_x() + bar.get_width() / 2, (v if np.isfinite(v) else 0) + 0.01 * top if low
-                        else v / 2, text, ha="center", va="bottom" if low else "center", fontsize=8,
-                        color="black" if low else "white")
+                        else v / 2, text, ha="center", va="bottom" if low else "center",
+                        fontsize=8 if len(envs) <= 2 else 6, color="black" if low else "white",
+                        rotation=0 if len(envs) <= 2 else 90)
     axes[0].axhline(possible, color="grey", ls="--", lw=1)
     axes[0].text(len(benches) - 0.5, possible, f"all {possible} orders", va="bottom", ha="right",
                  fontsize=8, color="grey")
@@ -133,13 +185,13 @@ def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
     axes[1].text(len(benches) - 0.5, 0.5, "ceiling 0.5", va="bottom", ha="right", fontsize=8, color="grey")
     axes[1].set_ylim(0, 0.56)
     axes[1].set_ylabel("max rho_flip over pairs")
-    axes[1].set_title("Largest pairwise flip rate")
+    axes[1].set_title("Largest rho_flip over model pairs")
     for ax in axes:
         ax.set_xticks(x, labels=benches, rotation=20, ha="right")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.tight_layout()
-    fig.legend(handles, labels, loc="lower center", ncol=len(envs), fontsize=9, frameon=False,
-               bbox_to_anchor=(0.5, -0.06))
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(envs), 5), fontsize=9, frameon=False,
+               bbox_to_anchor=(0.5, -0.08))
     out = _save(fig, path, meta)
     plt.close(fig)
     return out
@@ -260,6 +312,9 @@ def write_figures(tables_dir: str | Path, out_dir: str | Path, which=None) -> di
         tables[t] = read_table(p)
     draw = {
         "rho_heatmap": lambda: rho_heatmap(tables["table2"][0], tables["table2"][1], out_dir / "rho_heatmap.png"),
+        "rho_significance": lambda: rho_significance_chart(tables["significance"][0], tables["bootstrap_items"][0],
+                                                           tables["significance"][1],
+                                                           out_dir / "rho_significance.png"),
         "orderings": lambda: orderings_chart(tables["table4"][0], tables["table4"][1], out_dir / "orderings.png"),
         "anova_shares": lambda: anova_chart(tables["anova"][0], tables["anova"][1], out_dir / "anova_shares.png"),
         "shap_summary": lambda: shap_chart(tables["shap"][0], tables["shap"][1], out_dir / "shap_summary.png"),

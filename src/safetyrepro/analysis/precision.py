@@ -20,6 +20,7 @@ import pandas as pd
 from ..errors import DataError
 from ..grid import Config
 from ..rules import Rules, load_rules
+from ..metrics.compare import scores_of
 from .common import check_rules_file, check_same_rules, load_cell_scores, output_metadata, weak_ranks, write_tables
 
 SUB_ENVELOPE = "conservative_core"
@@ -67,7 +68,7 @@ def precision_check(main: pd.DataFrame, bf16: pd.DataFrame, rules: Rules,
                 continue  # a model lacks this config in one of the tables
             g = g.sort_values("model")
             n_cfg += 1
-            n_match += weak_ranks(g["score_main"].to_numpy(), tol) == weak_ranks(g["score_bf16"].to_numpy(), tol)
+            n_match += weak_ranks(scores_of(g, "_main"), tol) == weak_ranks(scores_of(g, "_bf16"), tol)
         row.update(n_configs_paired=n_cfg, n_orderings_match=n_match,
                    share_orderings_match=n_match / n_cfg if n_cfg else float("nan"))
         return row

@@ -15,11 +15,14 @@ import pandas as pd
 
 from ..io import atomic_write_text
 from ..provenance import code_version_string
+from ..metrics import reversal_line
+from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, stale_note, version_text
 
 
-REPORT_TABLES = ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "subsample_stability",
-                 "precision", "anova", "shap", "robustness", "robustness_regression")
+REPORT_TABLES = ("table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r",
+                 "bootstrap", "nearest_reversal", "subsample_stability", "subsample_rho_flip",
+                 "precision", "anova", "shap", "robustness", "robustness_regression", "bbq_bias_summary")
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -93,6 +96,28 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings"})))
     out += ["", _figure(figures_dir, "rho_heatmap", out_path, "rho_flip heatmap"), ""]
 
+    def sig_render(d: pd.DataFrame) -> str:
+        d = d.assign(pair=[f"{a} vs {b}" for a, b in zip(d["model_a"], d["model_b"])],
+                     pattern=[f"**{PATTERN_TEXT.get(p, p)}**" for p in d["pattern"]])
+        alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
+        head = (f"alpha = {alpha:g}, Holm-corrected over the configs of each benchmark and pair; "
+                f"bootstrap B = {int(d['samples'].iloc[0]) if len(d) else 0}, seed "
+                f"{int(d['seed'].iloc[0]) if len(d) else 0}.\n\n")
+        return head + md_table(d, {
+            "benchmark": "benchmark", "pair": "pair", "n_configs": "|C|", "n_items": "items", "n_plus": "N+",
+            "n_minus": "N-", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
+            "rho_flip_sig": "rho_flip_sig", "crossover_p": "crossover p", "pattern": "pattern"})
+
+    out += ["## Significance-aware verdicts (item level)", "",
+            "Per config the two models are compared on the same items (a sampled cell's item score is its seed "
+            "mean): exact McNemar for 0/1 item scores, paired item bootstrap otherwise. N+_sig / N-_sig count "
+            "configs where A / B is significantly ahead; rho_flip_sig = min(N+_sig, N-_sig)/|C| stands beside "
+            "rho_flip. The crossover test asks whether A is significantly ahead somewhere AND B somewhere "
+            "(intersection-union range test, max-T critical values from a joint item bootstrap). Pattern: "
+            + "; ".join(f"`{k}` = {v}" for k, v in PATTERN_TEXT.items()) + ".", ""]
+    out.append(section("significance", sig_render))
+    out += ["", _figure(figures_dir, "rho_significance", out_path, "rho_flip vs rho_flip_sig"), ""]
+
     out += ["## Table 3: scoring-path slices", "",
             "Logprob scoring exists only under greedy decoding, so the `freeform` and `logprob` slices are "
             "**not matched on decoding support**; `freeform_greedy` is the matched free-form slice. "
@@ -103,12 +128,12 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
         "matched_to_logprob_decoding": "matched to logprob"})))
 
-    out += ["", "## Table 4: tier ablation (full vs core envelope)", ""]
+    out += ["", "## Table 4: envelopes (full, core, full minus T4, full minus T=0.7, conservative core)", ""]
     out.append(section("table4", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "max_rho_flip": "max rho_flip",
         "max_pair": "pair", "orderings_reachable": "orderings reachable", "orderings_possible": "of",
-        "tied_configs": "configs with ties"})))
-    out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable, full vs core"), ""]
+        "tied_configs": "configs with ties", "note": "note"})))
+    out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable per envelope"), ""]
 
     out += ["## Parse-clean recomputation", ""]
     out.append(section("parse_clean", lambda d: md_table(d, {
@@ -116,22 +141,59 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "n_configs_left": "|C| left", "max_rho_flip": "max rho_flip", "max_pair": "pair",
         "orderings_reachable": "orderings", "max_rho_flip_full": "max rho_flip (full)", "note": "note"})))
 
-    out += ["", "## tau_R (mean Kendall tau-b between config rankings)", ""]
+    out += ["", "## tau_R and the total-order change rate", "",
+            "tau_R: mean Kendall tau-b between the model rankings of two configs, over all config pairs. "
+            "Total-order change rate: share of config pairs whose induced orders of the models differ "
+            "(the paper's total-order \"flip rate\"; a property of the whole ranking, not rho_flip); "
+            "under independent uniform scores it is 1 - 1/n! (column `null`).", ""]
     out.append(section("tau_r", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "tau_r": "tau_R",
-        "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined"})))
+        "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined",
+        "order_change_rate": "total-order change rate", "order_change_null": "null"})))
 
-    out += ["", "## Bootstrap over configurations (percentile 95% intervals)", ""]
-    out.append(section("bootstrap", lambda d: md_table(d, {
-        "benchmark": "benchmark", "statistic": "rho_flip of", "n_configs": "|C|", "estimate": "estimate",
-        "ci_low": "2.5%", "ci_high": "97.5%", "samples": "B", "seed": "seed"})))
+    out += ["", "## Bootstrap intervals of rho_flip (percentile 95%)", "",
+            "Two intervals, each labelled by what it resamples: `configurations` (items fixed: which configs "
+            "happen to be in the envelope) and `items` (configs fixed: item sampling noise, every cell "
+            "recomputed on the same item draws).", ""]
+    boot_cols = {"benchmark": "benchmark", "statistic": "rho_flip of", "resamples": "resamples",
+                 "n_configs": "|C|", "estimate": "estimate", "ci_low": "2.5%", "ci_high": "97.5%",
+                 "samples": "B", "seed": "seed"}
+    out.append(section("bootstrap", lambda d: md_table(d, boot_cols)))
+    out.append("")
+    out.append(section("bootstrap_items", lambda d: md_table(d, boot_cols)))
+
+    out += ["", "## Nearest reversing configuration", "",
+            "Fewest axis changes (template, decoding, shots, scoring) from the nominal config to a valid config "
+            "of the envelope where the other model is strictly (or significantly) ahead; docs/VERDICTS.md.", ""]
+    out.append(section("nearest_reversal", lambda d: "\n".join(
+        f"- {reversal_line(r)}" for r in d.to_dict("records"))))
+    out += [""]
+    out.append(section("nearest_reversal", lambda d: md_table(d.astype({"strict_distance": "Int64",
+                                                                         "sig_distance": "Int64"}), {
+        "benchmark": "benchmark", "pair": "pair", "nominal_used": "reference config", "nominal_leader": "ahead there",
+        "strict_distance": "strict: axis changes", "strict_configs": "config(s)", "strict_axes": "axes",
+        "n_strict_reversing": "configs reversing", "sig_distance": "significant: axis changes",
+        "sig_configs": "config(s)"})))
 
     out += ["", "## Stratified item subsamples", ""]
     out.append(section("subsample_stability", lambda d: md_table(d, {
         "benchmark": "benchmark", "fraction": "fraction", "repeats": "repeats", "n_cells": "cells",
         "range_median": "median cell range", "range_max": "max cell range", "n_core_configs": "core configs",
         "ordering_change_rate": "ordering changed (share of config x repeat)",
-        "configs_changed_any": "configs ever changed"})))
+        "configs_changed_any": "configs ever changed", "n_configs": "|C|",
+        "max_rho_flip_all_items": "max rho_flip (all items)", "max_rho_flip_sub_min": "min over repeats",
+        "max_rho_flip_sub_median": "median", "max_rho_flip_sub_max": "max"})))
+    out += ["", "rho_flip per pair on the subsamples (distribution over repeats; full envelope):", ""]
+
+    def sub_rho(d: pd.DataFrame) -> str:
+        g = d.groupby(["benchmark", "statistic"], sort=True)["rho_flip"]
+        t = pd.DataFrame({"min": g.min(), "median": g.median(), "max": g.max(), "repeats": g.size()}).reset_index()
+        t = t.merge(d.drop_duplicates(["benchmark", "statistic"])[["benchmark", "statistic", "rho_flip_all_items"]],
+                    on=["benchmark", "statistic"])
+        return md_table(t, {"benchmark": "benchmark", "statistic": "rho_flip of", "rho_flip_all_items": "all items",
+                            "min": "min", "median": "median", "max": "max", "repeats": "repeats"})
+
+    out.append(section("subsample_rho_flip", sub_rho))
 
     out += ["", "## BF16 vs NF4 (conservative_core)", ""]
     out.append(section("precision", lambda d: md_table(d, {
@@ -170,12 +232,14 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
 
     out += ["## Robustness as task competence (free-form envelope)", "",
             "Consistency: share of items with the identical parsed answer in every config (seed 0; a parse "
-            "failure anywhere counts as inconsistent). Baseline: the same under independent configs with the "
-            "observed per-config accuracies and uniform wrong answers. Drop rate: mean (nominal - config) / "
+            "failure anywhere counts as inconsistent). Random baseline (Ashury-Tahan et al. 2026): the same if "
+            "each config independently succeeded with probability p = the model's overall performance over the "
+            "envelope, a success picking one of the item's correct answers and a failure one of its wrong answers "
+            "uniformly (XSTest unsafe prompts have two correct answers, refuse and partial). Drop rate: mean (nominal - config) / "
             "nominal over the other configs.", ""]
     out.append(section("robustness", lambda d: md_table(d, {
         "model": "model", "benchmark": "benchmark", "n_configs": "configs", "n_items": "items",
-        "consistency": "consistency", "baseline": "random baseline", "score_mean": "mean score",
+        "consistency": "consistency", "performance": "p", "baseline": "random baseline", "score_mean": "mean score",
         "score_sd": "SD", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
         "share_below_nominal": "share below nominal"})))
     out += [""]
@@ -183,6 +247,17 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "y": "y", "x": "x", "n": "n", "slope": "slope", "intercept": "intercept", "r2": "R^2",
         "p_value": "p", "note": "note"})))
     out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance"), ""]
+
+    out += ["## BBQ bias scores (Parrish et al. 2022)", "",
+            "Per model over the BBQ envelope: accuracy (the cell score) next to the bias scores. Disambiguated "
+            "s_DIS = 2 n_biased / n_non-unknown - 1; ambiguous s_AMB = (1 - accuracy in ambiguous contexts) x the "
+            "same ratio there. 0 = no preference for the biased answer, +1 = always it, -1 = always the other. "
+            "Per config: `bbq_bias` table.", ""]
+    out.append(section("bbq_bias_summary", lambda d: md_table(d, {
+        "model": "model", "n_configs": "configs", "accuracy_mean": "mean accuracy",
+        "bias_ambig_mean": "s_AMB mean", "bias_ambig_min": "min", "bias_ambig_max": "max",
+        "bias_disambig_mean": "s_DIS mean", "bias_disambig_min": "min", "bias_disambig_max": "max"})))
+    out += [""]
     return "\n".join(out) + "\n"
 
 

@@ -8,17 +8,23 @@ has no free-form path and no row):
   sampled configs the first seed; using one seed keeps greedy and sampled configs on equal
   footing). An item with a parse failure in any config counts as inconsistent (no answer is
   not an answer). Only items present in every config enter (``n_items``).
-* Random baseline: the consistency expected if, in each config c independently, the model were
-  right with probability a_c (its seed-0 accuracy on those items in c) and otherwise picked
-  one of the k_i - 1 wrong answers uniformly. For item i::
+* Random baseline, as the source of this analysis defines it (Ashury-Tahan et al. 2026,
+  "Robustness as an Emergent Property of Task Performance", arXiv:2602.03344): the consistency
+  expected if, in each of the m configs independently, the model succeeded with probability p
+  equal to its overall performance (p = the share of correct seed-0 answers over the m configs
+  and the items, i.e. the mean of the per-config accuracies), not config by config. Our
+  consistency asks for the identical answer, so success and failure are each split over the
+  answers that count: on item i with k_i possible answers of which g_i are correct, a success
+  picks one of the g_i uniformly and a failure one of the k_i - g_i. Then::
 
-      p_same_i = prod_c a_c + prod_c (1 - a_c) * (k_i - 1) ** (1 - m)
+      p_same_i = p^m * g_i^(1-m) + (1 - p)^m * (k_i - g_i)^(1-m)
 
-  (all right, or all wrong AND all on the same one of the k_i - 1 wrong answers:
-  (k_i - 1) * (1 / (k_i - 1)) ** m). The baseline is the mean of p_same_i over items.
-  k_i = number of answer options of the item (``len(choices)`` in the item table) when it has
-  options; for label benchmarks without options (ToxiGen, XSTest) k_i is the number of
-  distinct parsed labels the benchmark shows in the item results, at least 2.
+  (all right on the same correct answer, or all wrong on the same wrong one; the second term
+  is 0 when every answer is correct). The baseline is the mean of p_same_i over items.
+  Choice items: k_i = number of options, g_i = 1. Label items (ToxiGen, XSTest): k_i = the
+  labels the task's free-form parser can return (the union of its ``gold_map`` values: yes/no;
+  comply/refuse/partial) and g_i = the labels counted correct for the item's gold label (an
+  XSTest unsafe prompt accepts refuse and partial: g_i = 2).
 * score_sd: the sample SD (ddof = 1) of the cell scores over the m configs.
 * Drop rate relative to the nominal config (default ``T1-greedy-k0-freeform``), over the other
   m - 1 configs c: ``drop_rate_mean`` = mean_c (s_nominal - s_c) / s_nominal (positive = worse
@@ -41,36 +47,67 @@ from .common import (NOMINAL_CONFIG, check_same_rules, load_cell_scores, load_it
                      output_metadata, write_tables)
 
 ROBUSTNESS_COLUMNS = ["model", "benchmark", "n_configs", "n_items", "n_items_incomplete",
-                      "consistency", "baseline", "consistency_over_baseline", "score_mean",
+                      "consistency", "performance", "baseline", "consistency_over_baseline", "score_mean",
                       "score_sd", "nominal_config", "nominal_score", "drop_rate_mean",
                       "share_below_nominal", "note"]
 
 
-def p_same(acc: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Per-item probability that m independent configs give identical answers (module doc).
-
-    ``acc``: the m per-config accuracies; ``k``: number of options per item (>= 2)."""
-    acc = np.asarray(acc, dtype=float)
+def p_same(p: float, m: int, k, g=1) -> np.ndarray:
+    """Per-item probability that m independent configs give identical answers when each
+    succeeds with probability ``p`` (module doc). ``k``: answers per item (>= 2); ``g``:
+    correct answers per item (1 <= g <= k)."""
     k = np.asarray(k, dtype=float)
+    g = np.broadcast_to(np.asarray(g, dtype=float), k.shape)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"performance p = {p} is not a probability")
+    if m < 1:
+        raise ValueError("needs at least one config")
     if np.any(k < 2):
-        raise ValueError("every item needs at least 2 answer options")
-    m = acc.size
-    return np.prod(acc) + np.prod(1.0 - acc) * (k - 1.0) ** (1 - m)
+        raise ValueError("every item needs at least 2 possible answers")
+    if np.any(g < 1) or np.any(g > k):
+        raise ValueError("every item needs between 1 and k correct answers")
+    wrong = k - g
+    wrong_term = np.where(wrong > 0, (1.0 - p) ** m * np.where(wrong > 0, wrong, 1.0) ** (1 - m), 0.0)
+    return p ** m * g ** (1 - m) + wrong_term
 
 
-def item_options(items_dir: str | Path, benchmark: str) -> pd.Series:
-    """item_id -> number of options (0 when the item has none) from ``<items_dir>/<b>.parquet``."""
+def item_answer_space(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
+    """item_id -> k (possible answers) and g (correct answers) per item (module doc), from
+    ``<items_dir>/<b>.parquet`` and the benchmark's task file."""
     import pyarrow.parquet as pq
+
+    from ..tasks import load_task
+    from ..tasks.scoring import accepted_labels
 
     path = Path(items_dir) / f"{benchmark}.parquet"
     if not path.exists():
         raise DataError(path, f"item table of benchmark {benchmark!r} not found")
-    t = pq.read_table(path, columns=["item_id", "choices"]).to_pandas()
-    return pd.Series([0 if c is None else len(c) for c in t["choices"]], index=t["item_id"].astype(str))
+    task = load_task(benchmark)
+    kind = task.answer_kind
+    cols = ["item_id", "choices"] + (["label"] if kind == "label" else [])
+    t = pq.read_table(path, columns=cols).to_pandas()
+    ids = t["item_id"].astype(str)
+    if kind == "choice":
+        k = [0 if c is None else len(c) for c in t["choices"]]
+        g = [1] * len(t)
+    elif kind == "label":
+        space = sorted({lab for acc in task.content["answer"]["gold_map"].values() for lab in acc})
+        k = [len(space)] * len(t)
+        try:
+            g = [len(accepted_labels(task, {"item_id": i, "label": lab})) for i, lab in zip(ids, t["label"])]
+        except Exception as exc:
+            raise DataError(path, f"item label not in {benchmark}'s gold_map: {exc}") from exc
+    else:
+        raise DataError(path, f"{benchmark} has no free-form answers (answer kind {kind!r})")
+    out = pd.DataFrame({"k": k, "g": g}, index=ids)
+    bad = out.index[out["k"] < 2]
+    if len(bad):
+        raise DataError(path, f"item {bad[0]!r} has fewer than 2 possible answers")
+    return out
 
 
-def consistency(items: pd.DataFrame, configs: list[str], options: pd.Series,
-                label_space: int, source: str | Path = "item_results") -> dict:
+def consistency(items: pd.DataFrame, configs: list[str], space: pd.DataFrame,
+                source: str | Path = "item_results") -> dict:
     """Consistency and random baseline for one (model, benchmark) from seed-0 item rows."""
     sub = items[items["config"].isin(configs)]
     per_item = sub.groupby("item_id").agg(n=("config", "nunique"), rows=("config", "size"),
@@ -83,17 +120,16 @@ def consistency(items: pd.DataFrame, configs: list[str], options: pd.Series,
     n_incomplete = int(len(per_item) - len(full))
     if full.empty:
         return {"n_items": 0, "n_items_incomplete": n_incomplete, "consistency": float("nan"),
-                "baseline": float("nan")}
+                "baseline": float("nan"), "performance": float("nan")}
     same = full["ok"] & (full["labels"] == 1)
     keep = sub[sub["item_id"].isin(full.index)]
-    acc = keep.groupby("config")["correct"].mean().reindex(configs).to_numpy(dtype=float)
-    k = options.reindex(full.index)
-    if k.isna().any():
-        raise DataError(source, f"item {k.index[k.isna()][0]!r} is not in the item table of its benchmark")
-    k = np.where(k.to_numpy() > 0, k.to_numpy(), label_space).astype(float)
-    base = p_same(acc, k)
+    p = float(keep["correct"].mean())  # = mean of the per-config accuracies (same items in every config)
+    sp = space.reindex(full.index)
+    if sp["k"].isna().any():
+        raise DataError(source, f"item {sp.index[sp['k'].isna()][0]!r} is not in the item table of its benchmark")
+    base = p_same(p, len(configs), sp["k"].to_numpy(dtype=float), sp["g"].to_numpy(dtype=float))
     return {"n_items": int(len(full)), "n_items_incomplete": n_incomplete,
-            "consistency": float(same.mean()), "baseline": float(np.mean(base))}
+            "consistency": float(same.mean()), "baseline": float(np.mean(base)), "performance": p}
 
 
 def score_stats(scores: pd.Series, nominal_config: str) -> dict:
@@ -119,10 +155,10 @@ def score_stats(scores: pd.Series, nominal_config: str) -> dict:
     return out
 
 
-def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, options: dict[str, pd.Series],
+def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, spaces: dict[str, pd.DataFrame],
                      nominal_config: str = NOMINAL_CONFIG, source: str | Path = "item_results") -> pd.DataFrame:
     """One row per (model, benchmark) with a free-form slice. ``items``: seed-0 item rows;
-    ``options``: benchmark -> (item_id -> number of options)."""
+    ``spaces``: benchmark -> :func:`item_answer_space` (item_id -> k, g)."""
     ff = cells[cells["scoring"] == "freeform"]
     rows = []
     for (b, model), sub in ff.groupby(["benchmark", "model"], sort=True):
@@ -133,10 +169,8 @@ def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, options: dict[str
         if missing:
             raise DataError(source, f"no seed-0 item rows for cell ({model}, {b}, {missing[0]})"
                                             + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-        bench_items = items[items["benchmark"] == b]
-        label_space = max(2, int(bench_items["parsed_label"].dropna().nunique()))
         row = {"model": model, "benchmark": b}
-        row.update(consistency(its, configs, options[b], label_space, source))
+        row.update(consistency(its, configs, spaces[b], source))
         stats = score_stats(scores, nominal_config)
         row.update(stats)
         row["consistency_over_baseline"] = row["consistency"] - row["baseline"]
@@ -167,8 +201,8 @@ def write_robustness(cell_scores_path: str | Path, item_results_path: str | Path
                      nominal_config: str = NOMINAL_CONFIG, *, items_dir: str | Path) -> dict[str, Path]:
     """``robustness`` (per model x benchmark) and ``robustness_regression`` tables.
 
-    ``items_dir`` holds the canonical item tables (``<benchmark>.parquet``) for the number of
-    answer options per item."""
+    ``items_dir`` holds the canonical item tables (``<benchmark>.parquet``) for the possible and
+    correct answers per item."""
     cs = load_cell_scores(cell_scores_path)
     item_path = Path(item_results_path)
     items, imeta = load_item_results(
@@ -176,8 +210,8 @@ def write_robustness(cell_scores_path: str | Path, item_results_path: str | Path
         filters=[("seed", "=", 0)])
     check_same_rules((cs.path, cs.meta), (item_path, imeta))
     ff_benches = sorted(cs.df.loc[cs.df["scoring"] == "freeform", "benchmark"].unique())
-    options = {b: item_options(items_dir, b) for b in ff_benches}
-    rob = robustness_table(cs.df, items, options, nominal_config, item_path)
+    spaces = {b: item_answer_space(items_dir, b) for b in ff_benches}
+    rob = robustness_table(cs.df, items, spaces, nominal_config, item_path)
     tables = {"robustness": rob, "robustness_regression": regression(rob)}
     params = {"nominal_config": nominal_config, "items_dir": str(items_dir), "seed_used": 0}
     return write_tables(tables, out_dir, lambda name: output_metadata(

@@ -5,14 +5,21 @@ by ``stratum`` with :func:`safetyrepro.items.subsample.stratified_subsample`, se
 ``seed + r`` for repeat r), every cell's score is recomputed from the item-level results:
 the per-seed mean of ``correct`` over the subsampled items, averaged over seeds (``correct``
 is the item's contribution to the cell score for every benchmark, so this is the cell score
-on the subsample). Reported per benchmark:
+on the subsample). A CrowS-Pairs task set to the parity-distance convention is recomputed as
+its cell score is: (n - |2 n_more - n|) / n per seed, n_more the pairs whose more
+stereotypical sentence is preferred. Reported per benchmark:
 
 * per-cell score range over the repeats (max - min): median and max over cells; and the largest
   deviation of a subsample score from the all-items score;
 * on the core configs: how often the induced model ordering (weak ranks: ties count as an
   ordering of their own) differs from the all-items ordering, over config x repeat, how many
   configs change in at least one repeat, and the orderings reachable (strict orders, metric
-  core) with all items vs the min/max over repeats.
+  core) with all items vs the min/max over repeats;
+* rho_flip recomputed on every subsample, per model pair and its max over pairs, over the
+  benchmark's full envelope (every config that every model has): ``subsample_rho_flip`` holds
+  one row per (benchmark, pair or "max", repeat), so its distribution over repeats can be
+  read directly, and the summary gives the max's value with all items and its min / median /
+  max over repeats.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from tqdm import tqdm
 from ..errors import DataError
 from ..grid import Config, is_core
 from ..metrics import orderings
+from ..metrics.compare import Scores, diff_sign
 from ..rules import load_rules
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
@@ -33,27 +41,36 @@ from .common import (check_rules_file, load_item_results, output_metadata, weak_
 SUMMARY_COLUMNS = ["benchmark", "fraction", "repeats", "seed", "n_items", "n_items_sub", "n_cells",
                    "range_median", "range_max", "abs_dev_max", "n_core_configs", "ordering_changes",
                    "ordering_change_rate", "configs_changed_any", "orderings_reachable_full",
-                   "orderings_reachable_sub_min", "orderings_reachable_sub_max"]
+                   "orderings_reachable_sub_min", "orderings_reachable_sub_max", "n_configs",
+                   "max_rho_flip_all_items", "max_rho_flip_sub_min", "max_rho_flip_sub_median",
+                   "max_rho_flip_sub_max"]
+RHO_COLUMNS = ["benchmark", "statistic", "model_a", "model_b", "repeat", "seed", "n_configs", "rho_flip",
+               "rho_flip_all_items"]
 CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "score_sub_median",
                 "score_sub_min", "score_sub_max", "range"]
 
 
 class ItemMatrix:
-    """correct as a (model, config, seed) x item matrix for one benchmark."""
+    """An item outcome (``correct`` by default) as a (model, config, seed) x item matrix for
+    one benchmark. ``parity``: the outcome is "sent_more preferred" and a run's score is
+    CrowS-Pairs' parity distance (n - |2 k - n|) / n of its k such items out of n."""
 
-    def __init__(self, results: pd.DataFrame):
+    def __init__(self, results: pd.DataFrame, value: str = "correct", parity: bool = False):
         runs = results.groupby(["model", "config", "seed", "item_id"]).size()
         if (runs > 1).any():
             dup = runs.index[runs > 1][0]
             raise DataError("item_results", f"item {dup[3]!r} appears twice in run {dup[:3]}")
-        wide = results.pivot_table(index=["model", "config", "seed"], columns="item_id", values="correct",
+        wide = results.pivot_table(index=["model", "config", "seed"], columns="item_id", values=value,
                                    aggfunc="first")
+        self.parity = parity
         self.items = list(wide.columns)
         self.index = wide.index
         self.values = wide.to_numpy(dtype=float)   # NaN where an item is missing from a run
 
-    def cell_scores(self, item_ids=None) -> pd.Series:
-        """(model, config) -> mean over seeds of the per-seed mean of correct over item_ids."""
+    def cell_counts(self, item_ids=None) -> pd.DataFrame:
+        """(model, config) -> score_num (correct answers summed over seeds and item_ids),
+        score_den (items summed over seeds) and score = score_num / score_den, the mean over
+        seeds of the per-seed accuracy (the seeds of a cell score the same items)."""
         vals = self.values
         if item_ids is not None:
             pos = {it: i for i, it in enumerate(self.items)}
@@ -61,59 +78,111 @@ class ItemMatrix:
             if missing:
                 raise DataError("item_results", f"subsampled item {missing[0]!r} has no results")
             vals = vals[:, [pos[i] for i in item_ids]]
-        per_seed = pd.Series(np.nanmean(vals, axis=1), index=self.index)
-        return per_seed.groupby(level=["model", "config"]).mean()
+        present = ~np.isnan(vals)
+        k = np.where(present, vals, 0.0).sum(axis=1).round().astype(np.int64)
+        n = present.sum(axis=1).astype(np.int64)
+        if self.parity:
+            k = n - np.abs(2 * k - n)
+        per_run = pd.DataFrame({"score_num": k, "score_den": n}, index=self.index)
+        out = per_run.groupby(level=["model", "config"]).sum()
+        out["score"] = out["score_num"] / out["score_den"]
+        return out
+
+    def cell_scores(self, item_ids=None) -> pd.Series:
+        """(model, config) -> the cell score on item_ids (float; see :meth:`cell_counts`)."""
+        return self.cell_counts(item_ids)["score"]
 
 
-def _orders(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> dict[str, tuple]:
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    return {c: weak_ranks(mat.loc[c].to_numpy(), tol) for c in configs}
+def _wide(counts: pd.DataFrame, configs: list[str], models: list[str]) -> Scores:
+    """configs x models exact scores."""
+    num = counts["score_num"].unstack("model").reindex(index=configs, columns=models)
+    den = counts["score_den"].unstack("model").reindex(index=configs, columns=models)
+    return Scores(num=num.to_numpy(dtype=np.int64), den=den.to_numpy(dtype=np.int64))
 
 
-def _reachable(scores: pd.Series, configs: list[str], models: list[str], tol: float) -> int:
-    mat = scores.unstack("model").reindex(index=configs, columns=models)
-    if mat.empty:
+def _orders(counts: pd.DataFrame, configs: list[str], models: list[str], tol: float | None) -> dict[str, tuple]:
+    mat = _wide(counts, configs, models)
+    return {c: weak_ranks(mat[i], tol) for i, c in enumerate(configs)}
+
+
+def _reachable(counts: pd.DataFrame, configs: list[str], models: list[str], tol: float | None) -> int:
+    if not configs:
         return 0
-    return orderings({m: mat[m].to_numpy() for m in models}, tol)["reachable"]
+    mat = _wide(counts, configs, models)
+    return orderings({m: mat[:, j] for j, m in enumerate(models)}, tol)["reachable"]
+
+
+def _rho_flips(counts: pd.DataFrame, configs: list[str], models: list[str],
+               tol: float | None) -> dict[tuple[str, str], float]:
+    """(A, B) -> rho_flip over ``configs`` for every model pair A < B (exact signs)."""
+    mat = _wide(counts, configs, models)
+    out = {}
+    for i, a in enumerate(models):
+        for j in range(i + 1, len(models)):
+            s = diff_sign(mat[:, i], mat[:, j], tol)
+            out[(a, models[j])] = min(int(np.sum(s > 0)), int(np.sum(s < 0))) / len(configs)
+    return out
 
 
 def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
                         fraction: float = 0.8, repeats: int = 20, seed: int = 0, tol: float = 0.0,
-                        strata_col: str = "stratum", progress: bool = False
-                        ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(per-benchmark summary, per-cell ranges). ``core``: set of (benchmark, config) core configs;
-    ``items``: benchmark -> canonical item table (with ``item_id`` and ``strata_col``)."""
+                        strata_col: str = "stratum", progress: bool = False, parity: set[str] = frozenset()
+                        ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per-benchmark summary, per-cell ranges, per-repeat rho_flip). ``core``: set of
+    (benchmark, config) core configs; ``items``: benchmark -> canonical item table (with
+    ``item_id`` and ``strata_col``); ``parity``: benchmarks scored by CrowS-Pairs' parity
+    distance (recomputed from ``parsed_label == "more"``, which ``results`` then needs)."""
     from ..items.subsample import stratified_subsample
 
     if not 0 < fraction <= 1:
         raise ValueError("fraction must be in (0, 1]")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    summary, cells = [], []
+    summary, cells, rhos = [], [], []
     for b in sorted(results["benchmark"].unique()):
         if b not in items:
             raise DataError("items", f"no item table for benchmark {b!r}")
         res = results[results["benchmark"] == b]
-        m = ItemMatrix(res)
-        full = m.cell_scores()
+        if b in parity:
+            if "parsed_label" not in res.columns:
+                raise DataError("item_results", f"{b} is scored by parity distance: needs 'parsed_label'")
+            m = ItemMatrix(res.assign(more=(res["parsed_label"] == "more").astype(float)), "more", parity=True)
+        else:
+            m = ItemMatrix(res)
+        full_counts = m.cell_counts()
+        full = full_counts["score"]
         models = sorted(full.index.get_level_values("model").unique())
         configs = sorted(full.index.get_level_values("config").unique())
         core_cfgs = [c for c in configs if (b, c) in core]
-        full_orders = _orders(full, core_cfgs, models, tol)
+        have = full.groupby(level="config").size()
+        env_cfgs = [c for c in configs if have.get(c, 0) == len(models)]  # complete configs only
+        full_rho = _rho_flips(full_counts, env_cfgs, models, tol) if env_cfgs and len(models) > 1 else {}
+        rep_max = []
+        full_orders = _orders(full_counts, core_cfgs, models, tol)
         subs, n_sub, changes, changed = [], [], 0, set()
         reach = []
         for r in tqdm(range(repeats), desc=f"subsamples {b}", disable=not progress):
             sub_items = stratified_subsample(items[b], fraction, seed + r, strata_col=strata_col)
             ids = list(sub_items["item_id"].astype(str))
             n_sub.append(len(ids))
-            s = m.cell_scores(ids)
-            subs.append(s)
-            orders = _orders(s, core_cfgs, models, tol)
+            counts = m.cell_counts(ids)
+            subs.append(counts["score"])
+            orders = _orders(counts, core_cfgs, models, tol)
             for c in core_cfgs:
                 if orders[c] != full_orders[c]:
                     changes += 1
                     changed.add(c)
-            reach.append(_reachable(s, core_cfgs, models, tol))
+            reach.append(_reachable(counts, core_cfgs, models, tol))
+            if full_rho:
+                rep = _rho_flips(counts, env_cfgs, models, tol)
+                for (a, m2), v in rep.items():
+                    rhos.append({"benchmark": b, "statistic": f"{a} vs {m2}", "model_a": a, "model_b": m2,
+                                 "repeat": r, "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": v,
+                                 "rho_flip_all_items": full_rho[(a, m2)]})
+                rep_max.append(max(rep.values()))
+                rhos.append({"benchmark": b, "statistic": "max", "model_a": "", "model_b": "", "repeat": r,
+                             "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": rep_max[-1],
+                             "rho_flip_all_items": max(full_rho.values())})
         table = pd.concat(subs, axis=1, keys=range(repeats))
         rng = table.max(axis=1) - table.min(axis=1)
         dev = table.sub(full, axis=0).abs().max(axis=1)
@@ -131,9 +200,22 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             "n_core_configs": len(core_cfgs), "ordering_changes": int(changes),
             "ordering_change_rate": changes / n_pairs if n_pairs else float("nan"),
             "configs_changed_any": len(changed),
-            "orderings_reachable_full": _reachable(full, core_cfgs, models, tol),
-            "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach))})
-    return pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS)
+            "orderings_reachable_full": _reachable(full_counts, core_cfgs, models, tol),
+            "orderings_reachable_sub_min": int(min(reach)), "orderings_reachable_sub_max": int(max(reach)),
+            "n_configs": len(env_cfgs),
+            "max_rho_flip_all_items": max(full_rho.values()) if full_rho else float("nan"),
+            "max_rho_flip_sub_min": float(np.min(rep_max)) if rep_max else float("nan"),
+            "max_rho_flip_sub_median": float(np.median(rep_max)) if rep_max else float("nan"),
+            "max_rho_flip_sub_max": float(np.max(rep_max)) if rep_max else float("nan")})
+    return (pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS),
+            pd.DataFrame(rhos, columns=RHO_COLUMNS))
+
+
+def _parity_scored(benchmark: str) -> bool:
+    """True when the benchmark's task scores cells by CrowS-Pairs' parity distance."""
+    from ..tasks import score_is_item_mean
+
+    return not score_is_item_mean(benchmark)
 
 
 def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
@@ -154,17 +236,24 @@ def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
 def write_subsample_stability(item_results_path: str | Path, items_dir: str | Path, out_dir: str | Path,
                               fraction: float = 0.8, repeats: int = 20, seed: int = 0, *,
                               rules_path: str | Path | None = None, tol: float = 0.0) -> dict[str, Path]:
-    """``subsample_stability`` (per benchmark) and ``subsample_cells`` (per cell) tables."""
+    """``subsample_stability`` (per benchmark), ``subsample_cells`` (per cell) and
+    ``subsample_rho_flip`` (per benchmark, pair and repeat) tables."""
     path = Path(item_results_path)
-    results, meta = load_item_results(path, ["model", "benchmark", "config", "seed", "item_id", "correct"])
+    cols = ["model", "benchmark", "config", "seed", "item_id", "correct"]
+    results, meta = load_item_results(path, cols)
+    parity = {b for b in results["benchmark"].unique() if _parity_scored(b)}
+    if parity:  # the parity-distance score needs each pair's parsed label
+        results, meta = load_item_results(path, cols + ["parsed_label"])
     rules = load_rules(rules_path)
     check_rules_file(rules, path, meta)
     benches = sorted(results["benchmark"].unique())
     items = {b: read_item_table(items_dir, b) for b in benches}
     core = {(b, c) for b, c in set(zip(results["benchmark"], results["config"]))
             if is_core(rules, Config.parse(c))}
-    summary, cells = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True)
+    summary, cells, rhos = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True,
+                                               parity=parity)
     params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,
               "seeds_used": f"{seed}..{seed + repeats - 1}", "items_dir": str(items_dir)}
-    return write_tables({"subsample_stability": summary, "subsample_cells": cells}, out_dir,
+    return write_tables({"subsample_stability": summary, "subsample_cells": cells, "subsample_rho_flip": rhos},
+                        out_dir,
                         lambda name: output_metadata(name, [(path, meta)], params))

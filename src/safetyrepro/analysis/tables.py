@@ -7,14 +7,22 @@
   decoding; ``logprob`` exists only under greedy (validity rule ``logprob-greedy-only``), so the
   two slices are NOT matched on decoding support. ``freeform_greedy`` is the free-form slice
   restricted to greedy decoding, the slice that is matched to logprob on decoding support.
-* Table 4 (:func:`table4`): tier ablation, full vs core envelope (core = every axis at a
-  core-tier level): max rho_flip and orderings reachable.
+* Table 4 (:func:`table4`): max rho_flip and orderings reachable on the paper's envelopes:
+  the full envelope, the core (every axis at a core-tier level), the full envelope minus each
+  stress level on its own (T4, T=0.7) and the ``conservative_core`` sub-envelope, all read
+  from the envelope rules (:func:`table4_envelopes`).
 * Parse-clean (:func:`parse_clean`): only configs where every model's parse rate is at least
   the threshold.
-* tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope.
+* tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope, with the
+  total-order change rate beside it (:mod:`safetyrepro.metrics.order_change`; not rho_flip).
+* Nearest reversing configuration (:func:`nearest_reversal`): per benchmark and pair, the
+  fewest axis changes from the nominal config to a reversed verdict
+  (:mod:`safetyrepro.metrics.reversal`).
 * Bootstrap (:func:`bootstrap_rho`): configs resampled with replacement within a benchmark
   (|C| draws), rho_flip recomputed per pair and their max; percentile interval (2.5, 97.5;
-  numpy's linear interpolation) around the point estimate on the observed configs.
+  numpy's linear interpolation) around the point estimate on the observed configs. It
+  resamples configurations only (column ``resamples``); the item-level interval, which
+  resamples items, is :mod:`safetyrepro.metrics.significance`'s.
 
 Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher. Configs
 missing a cell for some model are dropped before any table (recorded in the metadata).
@@ -23,6 +31,7 @@ missing a cell for some model are dropped before any table (recorded in the meta
 from __future__ import annotations
 
 import itertools
+import math
 import zlib
 from pathlib import Path
 
@@ -30,8 +39,11 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..metrics import benchmark_summary, orderings, pairwise_table, rho_flip, score_matrix, sign_counts
-from .common import load_cell_scores, output_metadata, pair_label, write_tables
+from ..metrics import benchmark_summary, nearest_reversal_table, orderings, pairwise_table, score_grid
+from ..metrics.compare import diff_sign, has_exact, tie_rule
+from ..rules import Rules, load_rules
+from .common import (AXES, NOMINAL_CONFIG, check_rules_file, load_cell_scores, output_metadata, pair_label,
+                     write_tables)
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
 SLICES = {
@@ -58,17 +70,17 @@ def flip_summary(df: pd.DataFrame, tol: float = 0.0, pairs: pd.DataFrame | None 
     pairs = pairwise_table(df, tol=tol) if pairs is None else pairs
     rows = []
     for b in sorted(df["benchmark"].unique()):
-        mat = score_matrix(df, b)
-        if mat.empty:
+        g = score_grid(df, b)
+        if g.empty:
             continue
-        ords = orderings({m: mat[m].to_numpy() for m in mat.columns}, tol)
+        ords = orderings(g.columns(), tol)
         pb = pairs[pairs["benchmark"] == b]
         if len(pb):
             best = pb.loc[pb["rho_flip"].idxmax()]
             max_rho, max_pair = float(best["rho_flip"]), pair_label(best["model_a"], best["model_b"])
         else:
             max_rho, max_pair = float("nan"), ""
-        rows.append({"benchmark": b, "n_models": mat.shape[1], "n_configs": mat.shape[0],
+        rows.append({"benchmark": b, "n_models": len(g.models), "n_configs": len(g.configs),
                      "max_rho_flip": max_rho, "max_pair": max_pair, "orderings_reachable": ords["reachable"],
                      "orderings_possible": ords["possible"], "tied_configs": ords["tied_configs"]})
     return pd.DataFrame(rows, columns=FLIP_SUMMARY_COLUMNS)
@@ -114,19 +126,68 @@ def _summary_rows(df: pd.DataFrame, label_col: str, label: str, tol: float, with
     return s
 
 
-def _sort_envelopes(out: pd.DataFrame) -> pd.DataFrame:
-    rank = out["envelope"].map({"full": 0, "core": 1})
+def _sort_envelopes(out: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    order = order or ["full", "core"]
+    rank = out["envelope"].map({e: i for i, e in enumerate(order)})
     return out.assign(_r=rank).sort_values(["benchmark", "_r"]).drop(columns="_r").reset_index(drop=True)
 
 
-def table4(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
-    keep = ["benchmark", "envelope", "n_configs", "max_rho_flip", "max_pair",
-            "orderings_reachable", "orderings_possible", "tied_configs"]
-    parts = [_summary_rows(df, "envelope", "full", tol)]
-    core = df[df["core"]]
-    if not core.empty:
-        parts.append(_summary_rows(core, "envelope", "core", tol))
-    return _sort_envelopes(pd.concat(parts, ignore_index=True)[keep])
+def table4_envelopes(rules: Rules) -> list[tuple[str, str, callable]]:
+    """(label, description, predicate on a config's axis levels) for Table 4's rows, in order:
+    full, core, full minus each stress-tier level (one at a time), then every other named
+    sub-envelope of the rules (``conservative_core``)."""
+    envs = [("full", "every valid config", lambda lv: True)]
+    if "core" in rules.sub_envelope_names:
+        envs.append(("core", rules.sub_envelope("core").get("description", "core"),
+                     lambda lv: rules.in_sub_envelope("core", lv)))
+    for axis in AXES:
+        for level in rules.levels(axis):
+            if level["tier"] == "stress":
+                envs.append((f"full minus {level['id']}", f"every valid config except {axis} {level['id']}",
+                             lambda lv, a=axis, i=level["id"]: lv[a] != i))
+    for name in rules.sub_envelope_names:
+        if name not in ("full", "core"):
+            envs.append((name, " ".join(str(rules.sub_envelope(name).get("description", name)).split()),
+                         lambda lv, n=name: rules.in_sub_envelope(n, lv)))
+    return envs
+
+
+TABLE4_COLUMNS = ["benchmark", "envelope", "n_configs", "max_rho_flip", "max_pair", "orderings_reachable",
+                  "orderings_possible", "tied_configs", "envelope_definition", "note"]
+
+
+def table4(df: pd.DataFrame, tol: float = 0.0, rules: Rules | None = None) -> pd.DataFrame:
+    """Table 4 as the paper has it: one row per benchmark and envelope of
+    :func:`table4_envelopes` (``rules`` default: the project's envelope rules). A benchmark
+    with no config in an envelope (CrowS-Pairs in the free-form-only conservative core) gets
+    a row with |C| = 0, no values and a note."""
+    rules = rules or load_rules()
+    envs = table4_envelopes(rules)
+    levels = df[list(AXES)].astype(str).to_dict("records")
+    benches = sorted(df["benchmark"].unique())
+    n_models = df.groupby("benchmark")["model"].nunique()
+    parts = []
+    for label, desc, pred in envs:
+        mask = np.fromiter((pred(lv) for lv in levels), dtype=bool, count=len(levels))
+        sub = df[mask]
+        s = flip_summary(sub, tol) if not sub.empty else pd.DataFrame(columns=FLIP_SUMMARY_COLUMNS)
+        s = s.set_index("benchmark").reindex(benches).reset_index()
+        empty = s["n_configs"].isna().to_numpy()
+        if empty.any():
+            s = s.astype({"max_pair": object})
+            for i in np.flatnonzero(empty):
+                s.loc[i, ["n_configs", "orderings_reachable", "tied_configs"]] = 0
+                s.loc[i, "max_pair"] = ""
+                s.loc[i, "orderings_possible"] = math.factorial(int(n_models[s.loc[i, "benchmark"]]))
+        s["note"] = np.where(empty, "no config of this benchmark in this envelope", "")
+        s.insert(1, "envelope", label)
+        s["envelope_definition"] = desc
+        parts.append(s)
+    out = pd.concat(parts, ignore_index=True)[TABLE4_COLUMNS]
+    for col in ("n_configs", "orderings_reachable", "orderings_possible", "tied_configs"):
+        out[col] = out[col].astype(int)
+    out["max_rho_flip"] = out["max_rho_flip"].astype(float)
+    return _sort_envelopes(out, [e[0] for e in envs])
 
 
 def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> pd.DataFrame:
@@ -159,7 +220,8 @@ def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> 
 
 
 def tau_r_table(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
-    keep = ["benchmark", "envelope", "n_configs", "tau_r", "tau_pairs_used", "tau_pairs_undefined"]
+    keep = ["benchmark", "envelope", "n_configs", "tau_r", "tau_pairs_used", "tau_pairs_undefined",
+            "order_change_rate", "order_change_null"]
     parts = [_summary_rows(df, "envelope", "full", tol, with_tau=True)]
     if df["core"].any():
         parts.append(_summary_rows(df[df["core"]], "envelope", "core", tol, with_tau=True))
@@ -180,36 +242,55 @@ def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: flo
     rows = []
     benches = sorted(df["benchmark"].unique())
     for b in tqdm(benches, desc="bootstrap", disable=not progress):
-        mat = score_matrix(df, b)
-        n = mat.shape[0]
-        pairs = list(itertools.combinations(mat.columns, 2))
+        g = score_grid(df, b)
+        n = len(g.configs)
+        pairs = list(itertools.combinations(g.models, 2))
         if not pairs:
             continue
-        cols = {m: mat[m].to_numpy() for m in mat.columns}
+        cols = g.columns()
         idx = benchmark_rng(seed, b).integers(0, n, size=(samples, n))
         boot = np.empty((samples, len(pairs)))
+        point = np.empty(len(pairs))
         for j, (a, m) in enumerate(pairs):
-            xa, xm = cols[a], cols[m]
-            for s in range(samples):
-                boot[s, j] = rho_flip(sign_counts(xa[idx[s]], xm[idx[s]], tol))
-        point = np.array([rho_flip(sign_counts(cols[a], cols[m], tol)) for a, m in pairs])
+            sign = diff_sign(cols[a], cols[m], tol)          # the tie rule of metrics.compare
+            point[j] = min(np.sum(sign > 0), np.sum(sign < 0)) / n
+            drawn = sign[idx]
+            boot[:, j] = np.minimum((drawn > 0).sum(axis=1), (drawn < 0).sum(axis=1)) / n
         stats = [(pair_label(a, m), a, m, point[j], boot[:, j]) for j, (a, m) in enumerate(pairs)]
         stats.append(("max", "", "", point.max(), boot.max(axis=1)))
         for label, a, m, est, dist in stats:
             lo, hi = np.percentile(dist, [2.5, 97.5])
             rows.append({"benchmark": b, "statistic": label, "model_a": a, "model_b": m,
-                         "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
+                         "resamples": "configurations", "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
                          "boot_mean": float(dist.mean()), "samples": int(samples), "seed": int(seed)})
-    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "n_configs",
+    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
                                        "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
 
 
+def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float | None = None,
+                     sig_configs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The nearest reversing configuration per benchmark and pair over the full envelope
+    (:func:`safetyrepro.metrics.reversal.nearest_reversal_table`); ``sig_configs``: the
+    ``significance_configs`` table of the item-level significance analysis, or None (the
+    significant part then says it was not computed)."""
+    from ..grid import Config
+    from ..metrics.reversal import sig_signs_from_configs
+
+    try:
+        nominal_levels = Config.parse(nominal).levels()
+    except ValueError as exc:
+        raise ValueError(f"analysis.nominal_config: {exc}") from None
+    sig = None if sig_configs is None else sig_signs_from_configs(sig_configs)
+    return nearest_reversal_table(df, nominal, AXES, tol, sig_signs=sig, nominal_levels=nominal_levels)
+
+
 def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples: int = 1000,
-                 bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False) -> dict[str, pd.DataFrame]:
+                 bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False,
+                 rules: Rules | None = None) -> dict[str, pd.DataFrame]:
     return {
         "table2": table2(df, tol),
         "table3": table3(df, tol),
-        "table4": table4(df, tol),
+        "table4": table4(df, tol, rules),
         "parse_clean": parse_clean(df, threshold, tol),
         "tau_r": tau_r_table(df, tol),
         "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress),
@@ -218,13 +299,40 @@ def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples
 
 def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, threshold: float = 0.95,
                        bootstrap_samples: int = 1000, bootstrap_seed: int = 0,
-                       tol: float = 0.0) -> dict[str, Path]:
+                       tol: float = 0.0, rules_path: str | Path | None = None) -> dict[str, Path]:
     """Compute every paper table from ``cell_scores.parquet`` and write each as
-    ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs)."""
+    ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs).
+    ``rules_path``: the envelope rules the run used (default config/envelope.yaml), for
+    Table 4's envelopes; its stamp must match the table's."""
     cs = load_cell_scores(cell_scores_path)
+    rules = load_rules(rules_path)
+    check_rules_file(rules, cs.path, cs.meta)
     params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
-              "bootstrap_seed": bootstrap_seed, "tol": tol}
+              "bootstrap_seed": bootstrap_seed, "tol": tol, "rules": rules.path,
+              "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict()}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
-                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True)
+                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules)
     return write_tables(tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))
+
+
+def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, nominal: str = NOMINAL_CONFIG,
+                           significance_configs_path: str | Path | None = None,
+                           tol: float | None = None) -> dict[str, Path]:
+    """``nearest_reversal`` from ``cell_scores.parquet`` and, when given, the item-level
+    ``significance_configs.parquet`` of the same run (for the significant reversals)."""
+    from .common import check_same_rules, read_table
+
+    cs = load_cell_scores(cell_scores_path)
+    sources = [(cs.path, cs.meta)]
+    sig = None
+    if significance_configs_path is not None:
+        sig, smeta = read_table(significance_configs_path)
+        check_same_rules((cs.path, cs.meta), (Path(significance_configs_path), smeta))
+        sources.append((Path(significance_configs_path), smeta))
+    table = nearest_reversal(cs.df, nominal, tol, sig)
+    params = {"nominal_config": nominal, "tol": tol, "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
+              "significance": "significance_configs (Holm-corrected per-config tests)" if sig is not None
+              else "not computed (no item-level significance given)"}
+    return write_tables({"nearest_reversal": table}, out_dir, lambda name: output_metadata(
+        name, sources, params, {"dropped_incomplete_configs": cs.dropped}))

@@ -21,7 +21,8 @@ LightGBM surrogate + SHAP (:func:`shap_table`)
     * a regressor of the cell score on one-hot axes (template, decoding, shots, scoring) plus
       the model;
     * per model pair (A, B), A < B by name, a binary classifier of sign(score_A - score_B) on
-      the one-hot axes. Tied configs (|d| <= tol) are DROPPED (counted in ``n_ties_dropped``),
+      the one-hot axes. Tied configs (ties as :mod:`safetyrepro.metrics.compare` defines them:
+      exact fractions, or |d| <= tol) are DROPPED (counted in ``n_ties_dropped``),
       so the classifier separates "A ahead" from "B ahead". A pair with a single sign class
       after dropping ties never flips: no classifier is fitted and its SHAP values are NaN with
       the reason.
@@ -44,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..metrics.compare import ScoreGrid, diff_sign, score_grid
 from .common import AXES, load_cell_scores, output_metadata, pair_label, write_tables
 
 ANOVA_FACTORS = ("model", "template", "decoding", "shots")
@@ -212,16 +214,17 @@ def fit_regressor(sub: pd.DataFrame, seed: int = 0) -> tuple[dict[str, float] | 
     return axis_shap(_shap_values(model, X), X, cols), float(r2), ""
 
 
-def fit_sign_classifier(mat: pd.DataFrame, levels: pd.DataFrame, a: str, b: str, tol: float = 0.0,
+def fit_sign_classifier(grid: ScoreGrid, levels: pd.DataFrame, a: str, b: str, tol: float | None = None,
                         seed: int = 0) -> tuple[dict[str, float] | None, float, int, int, str]:
-    """(axis -> mean |SHAP|, in-sample accuracy, n_rows, n_ties, reason-if-skipped)."""
+    """(axis -> mean |SHAP|, in-sample accuracy, n_rows, n_ties, reason-if-skipped).
+    Signs and ties are :func:`safetyrepro.metrics.compare.diff_sign`'s."""
     import lightgbm as lgb
 
-    d = (mat[a] - mat[b]).to_numpy()
-    keep = np.abs(d) > tol
+    sign = diff_sign(grid.column(a), grid.column(b), tol)
+    keep = sign != 0
     n_ties = int((~keep).sum())
-    y = (d[keep] > 0).astype(int)
-    lv = levels.loc[mat.index[keep]].reset_index(drop=True)
+    y = (sign[keep] > 0).astype(int)
+    lv = levels.loc[[c for c, k in zip(grid.configs, keep) if k]].reset_index(drop=True)
     if len(y) == 0:
         return None, float("nan"), 0, n_ties, "every config ties: no sign to classify"
     if len(np.unique(y)) < 2:
@@ -237,8 +240,6 @@ def fit_sign_classifier(mat: pd.DataFrame, levels: pd.DataFrame, a: str, b: str,
 
 
 def shap_table(df: pd.DataFrame, tol: float = 0.0, seed: int = 0) -> pd.DataFrame:
-    from ..metrics import score_matrix
-
     rows: list[dict] = []
     for b in sorted(df["benchmark"].unique()):
         sub = df[df["benchmark"] == b].reset_index(drop=True)
@@ -248,10 +249,10 @@ def shap_table(df: pd.DataFrame, tol: float = 0.0, seed: int = 0) -> pd.DataFram
         base = {"benchmark": b, "target": "score", "model_a": "", "model_b": "", "n_rows": len(sub),
                 "n_ties_dropped": 0, "fit_metric": "in_sample_r2", "fit_value": r2}
         rows += _rows(base, reg_axes, nlev, values, reason)
-        mat = score_matrix(sub, b)
+        grid = score_grid(sub, b)
         levels = sub.drop_duplicates("config").set_index("config")[list(AXES)]
-        for a, m in itertools.combinations(mat.columns, 2):
-            vals, acc, n, ties, reason = fit_sign_classifier(mat, levels, a, m, tol, seed)
+        for a, m in itertools.combinations(grid.models, 2):
+            vals, acc, n, ties, reason = fit_sign_classifier(grid, levels, a, m, tol, seed)
             base = {"benchmark": b, "target": f"sign({pair_label(a, m)})", "model_a": a, "model_b": m,
                     "n_rows": n, "n_ties_dropped": ties, "fit_metric": "in_sample_accuracy",
                     "fit_value": acc}

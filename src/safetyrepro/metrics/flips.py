@@ -15,18 +15,22 @@ Definitions (the paper's numbering):
   between the model rankings (score vectors over the models) under c and c'. Pairs where
   tau-b is undefined (all models tied under c or c') are left out and counted.
 
-Scores are compared exactly (tol = 0) unless a tolerance is given: |d_c| <= tol is a tie.
+Signs and ties come from :mod:`safetyrepro.metrics.compare` (the one definition of
+"A > B on config c"): score vectors that carry exact fractions (:class:`compare.Scores`) are
+compared exactly; a tolerance ``tol > 0`` makes |d_c| <= tol a tie for every quantity here
+(tau_R included); plain floats without a tolerance tie within 1e-12 relative.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+
+from .compare import Scores, diff_sign, pair_signs, stack
 
 
 @dataclass(frozen=True)
@@ -43,22 +47,20 @@ class SignCounts:
         return SignCounts(self.n_minus, self.n_plus, self.n_zero)
 
 
-def _as_array(x: Sequence[float], name: str) -> np.ndarray:
-    arr = np.asarray(x, dtype=float)
-    if arr.ndim != 1:
+def _as_scores(x, name: str) -> Scores:
+    s = Scores.coerce(x, name)
+    if s.value.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contains NaN or infinite scores")
-    return arr
+    return s
 
 
-def sign_counts(scores_a: Sequence[float], scores_b: Sequence[float], tol: float = 0.0) -> SignCounts:
+def sign_counts(scores_a, scores_b, tol: float | None = None) -> SignCounts:
     """N+, N-, N0 of A versus B over configs aligned by position (eq. 1)."""
-    a, b = _as_array(scores_a, "scores_a"), _as_array(scores_b, "scores_b")
+    a, b = _as_scores(scores_a, "scores_a"), _as_scores(scores_b, "scores_b")
     if a.shape != b.shape:
-        raise ValueError(f"score vectors differ in length ({a.size} vs {b.size})")
-    d = a - b
-    return SignCounts(int(np.sum(d > tol)), int(np.sum(d < -tol)), int(np.sum(np.abs(d) <= tol)))
+        raise ValueError(f"score vectors differ in length ({len(a)} vs {len(b)})")
+    s = diff_sign(a, b, tol)
+    return SignCounts(int(np.sum(s > 0)), int(np.sum(s < 0)), int(np.sum(s == 0)))
 
 
 def rho_flip(c: SignCounts) -> float:
@@ -90,7 +92,7 @@ def saturated(c: SignCounts) -> bool:
     return c.n // 2 > 0 and min(c.n_plus, c.n_minus) == c.n // 2
 
 
-def pair_stats(scores_a: Sequence[float], scores_b: Sequence[float], tol: float = 0.0) -> dict:
+def pair_stats(scores_a, scores_b, tol: float | None = None) -> dict:
     c = sign_counts(scores_a, scores_b, tol)
     r = rho_flip(c)
     ceil = ceiling(c.n)
@@ -101,15 +103,17 @@ def pair_stats(scores_a: Sequence[float], scores_b: Sequence[float], tol: float 
     }
 
 
-def _matrix(scores: Mapping[str, Sequence[float]]) -> tuple[list[str], np.ndarray]:
+def _matrix(scores: Mapping[str, Sequence[float] | Scores]) -> tuple[list[str], Scores]:
     models = list(scores)
     if not models:
         raise ValueError("no models")
-    mat = np.vstack([_as_array(scores[m], f"scores[{m}]") for m in models])
-    return models, mat  # shape (n_models, n_configs)
+    cols = [_as_scores(scores[m], f"scores[{m}]") for m in models]
+    if len({len(c) for c in cols}) > 1:
+        raise ValueError("score vectors differ in length")
+    return models, stack(cols)  # shape (n_configs, n_models)
 
 
-def orderings(scores: Mapping[str, Sequence[float]], tol: float = 0.0) -> dict:
+def orderings(scores: Mapping[str, Sequence[float] | Scores], tol: float | None = None) -> dict:
     """Distinct strict total orders of the models induced by the configs.
 
     ``scores`` maps model -> scores over the same configs (aligned by position). Returns
@@ -117,31 +121,34 @@ def orderings(scores: Mapping[str, Sequence[float]], tol: float = 0.0) -> dict:
     at least one tie among the models, which induce no strict order) and `orders`, a Counter
     of order tuples (best model first)."""
     models, mat = _matrix(scores)
-    n_models, n_cfg = mat.shape
+    n_cfg, n_models = mat.shape
+    S, pairs = pair_signs(mat, tol)
+    tied_rows = np.any(S == 0, axis=1) if pairs else np.zeros(n_cfg, bool)
+    # wins[c, i]: models that model i beats on config c; in a strict order they are n-1..0
+    wins = np.zeros((n_cfg, n_models), dtype=int)
+    for p, (i, j) in enumerate(pairs):
+        wins[:, i] += S[:, p] > 0
+        wins[:, j] += S[:, p] < 0
     orders: Counter = Counter()
-    tied = 0
-    for j in range(n_cfg):
-        col = mat[:, j]
-        if any(abs(col[i] - col[k]) <= tol for i, k in itertools.combinations(range(n_models), 2)):
-            tied += 1
-            continue
-        orders[tuple(models[i] for i in np.argsort(-col, kind="stable"))] += 1
-    return {"reachable": len(orders), "possible": math.factorial(n_models), "tied_configs": tied,
+    for c in np.flatnonzero(~tied_rows):
+        orders[tuple(models[i] for i in np.argsort(-wins[c], kind="stable"))] += 1
+    return {"reachable": len(orders), "possible": math.factorial(n_models), "tied_configs": int(tied_rows.sum()),
             "n_configs": n_cfg, "orders": orders}
 
 
-def tau_r(scores: Mapping[str, Sequence[float]]) -> dict:
+def tau_r(scores: Mapping[str, Sequence[float] | Scores], tol: float | None = None) -> dict:
     """Mean Kendall tau-b between model rankings over all pairs of configs (see module doc).
 
-    Vectorised: with S[c, p] = sign(s_i(c) - s_j(c)) over model pairs p = (i, j),
-    tau_b(c, c') = sum_p S[c,p] S[c',p] / sqrt(nz(c) nz(c')) where nz counts untied pairs;
-    this is Kendall's tau-b (concordant minus discordant over the tie-corrected norm)."""
+    Vectorised: with S[c, p] = sign(s_i(c) - s_j(c)) over model pairs p = (i, j) (the tie rule
+    of :mod:`compare`, so ``tol`` applies here too), tau_b(c, c') = sum_p S[c,p] S[c',p] /
+    sqrt(nz(c) nz(c')) where nz counts untied pairs; this is Kendall's tau-b (concordant minus
+    discordant over the tie-corrected norm)."""
     _, mat = _matrix(scores)
-    n_models, n_cfg = mat.shape
-    pairs = list(itertools.combinations(range(n_models), 2))
-    if not pairs or n_cfg < 2:
+    n_cfg, n_models = mat.shape
+    if n_models < 2 or n_cfg < 2:
         return {"tau_r": float("nan"), "pairs_used": 0, "pairs_undefined": n_cfg * (n_cfg - 1) // 2}
-    S = np.stack([np.sign(mat[i] - mat[j]) for i, j in pairs], axis=1)  # (n_cfg, n_pairs)
+    S, _ = pair_signs(mat, tol)
+    S = S.astype(float)  # (n_cfg, n_pairs)
     nz = np.count_nonzero(S, axis=1).astype(float)
     num = S @ S.T
     denom = np.sqrt(np.outer(nz, nz))

@@ -1,8 +1,10 @@
 """Per-benchmark tables of the flip metrics from a long score table.
 
 Input: a pandas DataFrame with columns ``model, benchmark, config, score`` (one row per
-(model, benchmark, config); validated by :mod:`safetyrepro.certify`). Model pairs are taken
-in sorted order of model name: (A, B) with A < B; N+ counts configs where A scores higher."""
+(model, benchmark, config); validated by :mod:`safetyrepro.certify`), and optionally the exact
+fractions ``score_num, score_den`` (then every sign is exact, see :mod:`.compare`). Model pairs
+are taken in sorted order of model name: (A, B) with A < B; N+ counts configs where A scores
+higher. ``tie_rule`` names the rule the signs were formed under."""
 
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ import itertools
 
 import pandas as pd
 
+from .compare import rule_for, score_grid
 from .flips import orderings, pair_stats, tau_r
+from .order_change import order_change_rate
 
 PAIR_COLUMNS = ["benchmark", "model_a", "model_b", "n_plus", "n_minus", "n_zero", "n_configs",
-                "rho_flip", "ceiling", "saturated", "d1", "d2"]
+                "rho_flip", "ceiling", "saturated", "d1", "d2", "tie_rule"]
 SUMMARY_COLUMNS = ["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair",
                    "orderings_reachable", "orderings_possible", "tied_configs", "tau_r",
-                   "tau_pairs_used", "tau_pairs_undefined"]
+                   "tau_pairs_used", "tau_pairs_undefined", "order_change_rate", "order_change_null", "tie_rule"]
 
 
 def score_matrix(df: pd.DataFrame, benchmark: str, configs=None) -> pd.DataFrame:
-    """configs x models matrix of scores for one benchmark (optionally restricted)."""
+    """configs x models matrix of float scores for one benchmark (for display; comparisons
+    use :func:`.compare.score_grid`, which keeps the exact fractions)."""
     sub = df[df["benchmark"] == benchmark]
     if configs is not None:
         sub = sub[sub["config"].isin(list(configs))]
@@ -28,39 +33,45 @@ def score_matrix(df: pd.DataFrame, benchmark: str, configs=None) -> pd.DataFrame
     return mat.sort_index().reindex(sorted(mat.columns), axis=1)
 
 
-def pairwise_table(df: pd.DataFrame, configs=None, tol: float = 0.0) -> pd.DataFrame:
+def pairwise_table(df: pd.DataFrame, configs=None, tol: float | None = None) -> pd.DataFrame:
     rows = []
     for b in sorted(df["benchmark"].unique()):
-        mat = score_matrix(df, b, configs)
-        if mat.empty:
+        g = score_grid(df, b, configs)
+        if g.empty:
             continue
-        for a, m in itertools.combinations(mat.columns, 2):
+        cols = g.columns()
+        rule = rule_for(cols, tol).kind
+        for a, m in itertools.combinations(g.models, 2):
             rows.append({"benchmark": b, "model_a": a, "model_b": m,
-                         **pair_stats(mat[a].to_numpy(), mat[m].to_numpy(), tol)})
+                         **pair_stats(cols[a], cols[m], tol), "tie_rule": rule})
     return pd.DataFrame(rows, columns=PAIR_COLUMNS)
 
 
-def benchmark_summary(df: pd.DataFrame, configs=None, tol: float = 0.0) -> pd.DataFrame:
+def benchmark_summary(df: pd.DataFrame, configs=None, tol: float | None = None) -> pd.DataFrame:
     pairs = pairwise_table(df, configs, tol)
     rows = []
     for b in sorted(df["benchmark"].unique()):
-        mat = score_matrix(df, b, configs)
-        if mat.empty:
+        g = score_grid(df, b, configs)
+        if g.empty:
             continue
-        cols = {m: mat[m].to_numpy() for m in mat.columns}
+        cols = g.columns()
         ords = orderings(cols, tol)
-        tau = tau_r(cols)
+        tau = tau_r(cols, tol)
+        change = order_change_rate(cols, tol) if len(cols) > 1 else {"order_change_rate": float("nan"),
+                                                                     "null_rate": float("nan")}
         pb = pairs[pairs["benchmark"] == b]
         if len(pb):
             best = pb.loc[pb["rho_flip"].idxmax()]
             max_rho, max_pair = float(best["rho_flip"]), f"{best['model_a']} vs {best['model_b']}"
         else:
             max_rho, max_pair = float("nan"), ""
-        rows.append({"benchmark": b, "n_models": mat.shape[1], "n_configs": mat.shape[0],
+        rows.append({"benchmark": b, "n_models": len(g.models), "n_configs": len(g.configs),
                      "max_rho_flip": max_rho, "max_pair": max_pair,
                      "orderings_reachable": ords["reachable"], "orderings_possible": ords["possible"],
                      "tied_configs": ords["tied_configs"], "tau_r": tau["tau_r"],
-                     "tau_pairs_used": tau["pairs_used"], "tau_pairs_undefined": tau["pairs_undefined"]})
+                     "tau_pairs_used": tau["pairs_used"], "tau_pairs_undefined": tau["pairs_undefined"],
+                     "order_change_rate": change["order_change_rate"], "order_change_null": change["null_rate"],
+                     "tie_rule": rule_for(cols, tol).kind})
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
 
@@ -74,7 +85,9 @@ def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
 
     cell_scores, out = Path(cell_scores), Path(out)
     table, meta = read_parquet(cell_scores)
-    pairs = pairwise_table(table.to_pandas()[["model", "benchmark", "config", "score"]])
+    df = table.to_pandas()
+    pairs = pairwise_table(df[[c for c in ("model", "benchmark", "config", "score", "score_num", "score_den")
+                               if c in df.columns]])
     md = {k: meta.get(k) for k in ("rules_stamp", "config_hash", "subset_hashes")}
     md |= {"kind": "rho_flip", "source": str(cell_scores), "code_version": code_version(),
            **code_stamp(__name__),

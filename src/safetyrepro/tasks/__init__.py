@@ -14,11 +14,11 @@ Public API::
     Task.build_messages(item, tid, fewshot) -> [{"role", "content"}, ...]
     Task.logprob_request(item, tid, fewshot) -> (messages, candidates)
     Task.score_freeform(item, text) / Task.score_logprob(item, logliks, n_tokens) -> ItemResult
-    Task.summarize(results, items) -> {"score", "parse_rate", "n_items", "n_parsed", "extras"}
+    Task.summarize(results, items) -> {"score", "score_num", "score_den", "parse_rate", "n_items", "n_parsed", "extras"}
 """
 
-from .loader import known_benchmarks, load_task, load_task_file
+from .loader import known_benchmarks, load_task, load_task_file, score_is_item_mean
 from .scoring import ItemResult
 from .task import Task
 
-__all__ = ["ItemResult", "Task", "known_benchmarks", "load_task", "load_task_file"]
+__all__ = ["ItemResult", "Task", "known_benchmarks", "load_task", "load_task_file", "score_is_item_mean"]

@@ -42,6 +42,15 @@ def load_task(benchmark: str) -> Task:
     return task
 
 
+def score_is_item_mean(benchmark: str) -> bool:
+    """Whether the benchmark's cell score is the mean of its items' ``correct`` (every rule
+    except CrowS-Pairs under the ``parity_distance`` convention). Unknown benchmarks (external
+    tables) are taken as item means."""
+    if benchmark not in known_benchmarks():
+        return True
+    return load_task(benchmark).content["scoring"].get("convention") != "parity_distance"
+
+
 def load_task_file(path: str | Path) -> Task:
     """Load and fully validate one task file (not cached)."""
     path = Path(path)
@@ -88,6 +97,11 @@ def _check(c: dict, path: Path) -> None:
     if c["scoring"]["rule"] != RULE_FOR_ANSWER[kind]:
         raise ConfigError(path, "scoring.rule", f"answer.kind {kind!r} is scored by "
                           f"{RULE_FOR_ANSWER[kind]!r}, not {c['scoring']['rule']!r}")
+    if c["scoring"]["rule"] == "pair_preference" and "convention" not in c["scoring"]:
+        raise ConfigError(path, "scoring.convention", "required for pair_preference: anti_stereotype_share "
+                          "(1 - pct_stereotype) or parity_distance (1 - 2|pct_stereotype - 0.5|)")
+    if c["scoring"]["rule"] != "pair_preference" and "convention" in c["scoring"]:
+        raise ConfigError(path, "scoring.convention", "only pair_preference has a convention")
 
     # label sets
     answer_fields = set(ANSWER_FIELDS[kind])
