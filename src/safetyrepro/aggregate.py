@@ -168,21 +168,19 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
 
 
 def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
-    out_dir = Path(out_dir)
+    """Write :func:`aggregate`'s tables to :func:`.plan.aggregate_outputs` of ``out_dir``."""
+    from .plan import aggregate_outputs
+
     cells, items_df, meta = aggregate(plan, variant)
-    suffix = "" if variant == "main" else f"_{variant}"
-    paths = {"cell_scores": out_dir / f"cell_scores{suffix}.parquet"}
+    paths = aggregate_outputs(out_dir, variant)
     write_parquet(cells, paths["cell_scores"], meta)
     if variant == "main":
         from .io import atomic_write_text
 
-        paths["cell_scores_csv"] = out_dir / "cell_scores.csv"
         atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
-        paths["item_results"] = out_dir / "item_results.parquet"
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
         from .shards import read_shard
 
         metas = {p: read_shard(p)[1].as_dict() for p in meta["shard_fingerprints"]}
-        paths["provenance"] = out_dir / "provenance.json"
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

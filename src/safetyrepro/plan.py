@@ -32,6 +32,15 @@ SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
 SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
 
 
+def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
+    """What aggregation writes into ``out_dir`` for ``variant`` (its rules declare the same)."""
+    out_dir = Path(out_dir)
+    if variant != "main":
+        return {"cell_scores": out_dir / f"cell_scores_{variant}.parquet"}
+    return {"cell_scores": out_dir / "cell_scores.parquet", "cell_scores_csv": out_dir / "cell_scores.csv",
+            "item_results": out_dir / "item_results.parquet", "provenance": out_dir / "provenance.json"}
+
+
 @dataclass(eq=False)  # hashed by identity (lru_cache on methods)
 class Plan:
     cfg: RunConfig
