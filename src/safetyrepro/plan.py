@@ -154,7 +154,7 @@ class Plan:
 
     @functools.cached_property
     def scoring_code(self) -> str:
-        from .parsing import parser_version
+        from .tasks import parser_version
 
         # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
         # parser / scoring sections.

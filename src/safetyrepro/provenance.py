@@ -87,7 +87,7 @@ def code_version_string() -> str:
     return format_code_version(code_version())
 
 
-# ---- code groups: which code can change the raw outputs of a cell or the item files ----------
+# ---- code groups: which code can change a cell's outputs, its prompts or the item files -----
 #
 # One declarative table. A group covers the code files under "paths" except those under
 # "exclude". Tables are fingerprinted by their producer's import closure instead
@@ -99,6 +99,8 @@ CODE_GROUPS: dict[str, dict] = {
     # shards.layout_hash (a reader's error message reruns no cell).
     "cell": {"paths": ("models", "inference", "cells.py", "requests.py"),
              "exclude": ("models/prepare.py", "models/cli.py", "inference/bench.py")},
+    # the prompt rendering code (in every template hash, tasks.prompts.render_code_hash)
+    "render": {"paths": ("tasks/prompts.py", "tasks/render.py")},
     # the item subsets and few-shot pools
     "items": {"paths": ("items",), "exclude": ("items/cli.py",)},
 }
