@@ -2,7 +2,8 @@
 
 :func:`build_parser` turns a task file's ``parser`` section into a parser;
 ``safetyrepro.tasks.parse_response(benchmark, text, item)`` is the public entry point (the
-parsers know no task: this package imports nothing from ``tasks``). The parser kind and its
+parsers know no task: only the ``refusal_agreement`` tool, which reads XSTest's task file,
+imports from ``tasks``). The parser kind and its
 word lists come from the benchmark's task file (``src/safetyrepro/tasks/<benchmark>.yaml``,
 section ``parser``). Parsers never raise on any input and return ``ParseResult(None, False)``
 when the response does not determine a label.
