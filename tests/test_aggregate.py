@@ -121,3 +121,25 @@ def test_a_shard_row_for_an_unknown_item_is_named(fresh):
     write_shard(path, rows, meta)
     with pytest.raises(ShardError, match=f"{path}: item no-such-item is not in"):
         aggregate(plan, "main", progress=False)
+
+
+def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_path):
+    import json
+
+    from safetyrepro.aggregate import write_aggregate
+    from safetyrepro.plan import aggregate_outputs
+    from safetyrepro.provenance import code_version, format_code_version
+
+    plan = fresh
+    write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version())
+    paths = write_aggregate(plan, "main", tmp_path)
+    assert paths == {k: str(v) for k, v in aggregate_outputs(tmp_path, "main").items()}
+    assert all((tmp_path / p).exists() for p in paths.values())
+    prov = json.loads((tmp_path / "provenance.json").read_text())
+    rec = prov["m-nf4"]["truthfulqa"]
+    assert rec["quantization"] == "nf4" and rec["weights_hash"] == "synthetic"
+    # one code version per distinct record: the synthetic shards' empty one and the current one
+    assert format_code_version(code_version()) in rec["code_version"].split(", ")
+    assert set(prov) == {"m-nf4", "m-bf16"}
+    write_all(plan, "bf16")
+    assert write_aggregate(plan, "bf16", tmp_path) == {"cell_scores": str(tmp_path / "cell_scores_bf16.parquet")}

@@ -34,6 +34,11 @@ def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
 
 def aggregate(plan, variant: str = "main", progress: bool = True):
     """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
+    return _aggregate(plan, variant, progress)[:3]
+
+
+def _aggregate(plan, variant: str, progress: bool):
+    """:func:`aggregate`'s results and the metadata of every shard read ({path: dict})."""
     from tqdm import tqdm
 
     from .items import read_items
@@ -140,7 +145,7 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
         "n_shards": len(metas), "n_cells": len(cells),
         "shard_fingerprints": {p: metas[p]["fingerprint"] for p in sorted(metas)},
     }
-    return cells, items_df, meta
+    return cells, items_df, meta, metas
 
 
 def provenance_records(plan, metas: dict[str, dict]) -> dict:
@@ -171,7 +176,7 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
     """Write :func:`aggregate`'s tables to :func:`.plan.aggregate_outputs` of ``out_dir``."""
     from .plan import aggregate_outputs
 
-    cells, items_df, meta = aggregate(plan, variant)
+    cells, items_df, meta, metas = _aggregate(plan, variant, progress=True)
     paths = aggregate_outputs(out_dir, variant)
     write_parquet(cells, paths["cell_scores"], meta)
     if variant == "main":
@@ -179,8 +184,5 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
 
         atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
-        from .shards import read_shard
-
-        metas = {p: read_shard(p)[1].as_dict() for p in meta["shard_fingerprints"]}
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}
