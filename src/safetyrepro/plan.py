@@ -3,10 +3,11 @@
 The Snakefile asks this module for targets, paths and `params` fingerprints, so rules hold no
 logic. Fingerprints are content hashes of exactly what can change a job's output:
 
-* a cell (raw model outputs): model source + quantization, the template's own text hash, the
-  shots / decoding / scoring levels, seed, max_new_tokens, the rules stamp and the inference
-  code (the "cell" group of provenance.CODE_GROUPS, the shard layout, prompt rendering) — *not* the parsers or metrics, so a
-  parser fix re-scores without re-running any model;
+* a cell (raw model outputs): model source + quantization, the template's hash (its text
+  and the "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens,
+  its decode group, the rules stamp, the "cell" code group of provenance.CODE_GROUPS and the
+  shard layout — *not* the parsers or metrics, so a parser fix re-scores without re-running
+  any model;
 * scoring/aggregation: parser versions and the aggregation code;
 * every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
   computes its output, i.e. its producer module and everything that module imports
