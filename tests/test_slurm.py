@@ -97,7 +97,7 @@ def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
     import yaml
 
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
     from workflow_support import make_project_copy
 
     env_rules = {
@@ -119,7 +119,7 @@ def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(project / "src"))
     run = run_workflow(project, config, ["results/tables/rho_flip.parquet"], timeout_s=600)
     assert run.returncode == 0, run.describe()
-    cell_jobs = {rule: ids for rule, ids in run.submitted.items() if rule.startswith("cell_")}
+    cell_jobs = {rule: ids for rule, ids in run.submitted.items() if rule == "cell"}
     assert sum(len(v) for v in cell_jobs.values()) == 4, run.describe()
     for ids in cell_jobs.values():
         for job_id in ids:
@@ -129,7 +129,7 @@ def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
     assert len(shards) == 4
     for s in shards:
         table, meta = read_shard(s)
-        assert table.num_rows == 2 and meta["benchmark"] == "xstest"
+        assert table.num_rows == 2 and meta.benchmark == "xstest"
     rho = pq.read_table(project / "results" / "tables" / "rho_flip.parquet").to_pandas()
     assert len(rho) == 1 and rho["n_configs"].iloc[0] == 2
     from safetyrepro.worker.client import stop_workers

@@ -140,7 +140,7 @@ def test_quantization_change_reruns_that_models_cells_only(tiny):
 
     counts, shards = _plan_after_yaml_edit(project, config, config, edit)
     assert shards == _existing_shards(project, "/smol-nf4/")
-    assert set(cell_rules(counts)) == {"cell_smol-nf4"}
+    assert set(cell_rules(counts)) == {"cell"}
 
 
 def test_rules_bump_reruns_every_cell(tiny):
@@ -173,7 +173,7 @@ def test_aggregation_refuses_mixed_rules_stamps(tiny, tmp_path):
 
 
 def test_corrupt_shard_is_named(tiny, tmp_path):
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
     from safetyrepro.errors import ShardError
 
     project, config, _ = tiny
@@ -223,7 +223,7 @@ def test_missing_model_fails_only_its_jobs(tmp_path):
 
 
 def test_killed_run_resumes_without_loss(tmp_path):
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
 
     project, config = make_project_copy(tmp_path / "p")
     target = ["results/tables/cell_scores.parquet"]

@@ -3,48 +3,43 @@
 The Snakefile asks this module for targets, paths and `params` fingerprints, so rules hold no
 logic. Fingerprints are content hashes of exactly what can change a job's output:
 
-* a cell (raw model outputs): model source + quantization, the template's own text hash, the
-  shots / decoding / scoring levels, seed, max_new_tokens, the rules stamp and the inference
-  code (models/, inference/, cells.py, prompt rendering) — *not* the parsers or metrics, so a
-  parser fix re-scores without re-running any model;
+* a cell (raw model outputs): model source + quantization, the template's hash (its text
+  and the "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens,
+  its decode group, the rules stamp, the "cell" code group of provenance.CODE_GROUPS and the
+  shard layout — *not* the parsers or metrics, so a parser fix re-scores without re-running
+  any model;
 * scoring/aggregation: parser versions and the aggregation code;
 * every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
   computes its output, i.e. its producer module and everything that module imports
   (:func:`safetyrepro.provenance.code_fingerprint`), so editing a metric in ``metrics/`` reruns
   exactly the tables computed with it. Each output records the same fingerprint in its
   metadata, and the report and cards mark a table written by other code as STALE;
-* items: the benchmark's config section, the items seed and the items code.
+* items: the benchmark's config section, the items seed and the "items" code group.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import grid
 from .config import RunConfig
 from .hashing import canonical_hash
-from .paths import PACKAGE_DIR
 
-VARIANTS = ("main", "bf16")   # bf16 = the precision check on the conservative_core sub-envelope
+# variant -> the folder of its shards under the results folder. "bf16" is the precision
+# check: the conservative_core sub-envelope in bf16, for every model.
+SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
+SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
 
 
-def source_hash(*rel_paths: str, exclude: tuple[str, ...] = ()) -> str:
-    """sha256 over the package sources under the given relative paths (files or folders)."""
-    h = hashlib.sha256()
-    for rel in rel_paths:
-        p = PACKAGE_DIR / rel
-        files = sorted(p.rglob("*")) if p.is_dir() else [p]
-        for f in files:
-            if f.suffix not in {".py", ".yaml", ".json"} or "__pycache__" in f.parts:
-                continue
-            if f.name in exclude:
-                continue
-            h.update(str(f.relative_to(PACKAGE_DIR)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
+def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
+    """What aggregation writes into ``out_dir`` for ``variant`` (its rules declare the same)."""
+    out_dir = Path(out_dir)
+    if variant != "main":
+        return {"cell_scores": out_dir / f"cell_scores_{variant}.parquet"}
+    return {"cell_scores": out_dir / "cell_scores.parquet", "cell_scores_csv": out_dir / "cell_scores.csv",
+            "item_results": out_dir / "item_results.parquet", "provenance": out_dir / "provenance.json"}
 
 
 @dataclass(eq=False)  # hashed by identity (lru_cache on methods)
@@ -65,9 +60,24 @@ class Plan:
     def model_marker(self, model: str) -> Path:
         return self.results / "models" / f"{model}.json"
 
-    def shard_path(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main") -> Path:
-        root = "shards" if variant == "main" else f"shards_{variant}"
-        return self.results / root / model / benchmark / config_id / f"s{seed}.parquet"
+    def shard_path(self, model: str, benchmark: str, config_id: str, seed: int | str, variant: str = "main") -> Path:
+        return self.results / SHARD_PATTERN.format(shards=SHARD_ROOTS[variant], model=model,
+                                                   benchmark=benchmark, config=config_id, seed=seed)
+
+    @staticmethod
+    def variant_of_shard_root(root: str) -> str:
+        """The variant whose shards live in ``root`` (a folder name of :data:`SHARD_ROOTS`)."""
+        for variant, r in SHARD_ROOTS.items():
+            if r == root:
+                return variant
+        raise ValueError(f"{root!r} is no shard folder (expected one of {sorted(SHARD_ROOTS.values())})")
+
+    def cell_priority(self, model: str, variant: str = "main") -> int:
+        """Scheduling priority of a model's cells: every model's cells above the next model's
+        (so one model's cells run together and each model is loaded about once per run), a
+        model's main cells just above its bf16 cells."""
+        rank = self.cfg.models.index(model)
+        return 2 * (len(self.cfg.models) - rank) - (variant != "main")
 
     # ---- jobs -----------------------------------------------------------------------------
     def envelope(self, variant: str = "main") -> str:
@@ -100,23 +110,31 @@ class Plan:
 
     @property
     def precision_check(self) -> bool:
-        if not self.cfg.section("analysis").get("precision_check", False):
+        if not self.cfg.section("analysis")["precision_check"]:
             return False
-        return any(self.cfg.model(m).get("quantization", "nf4") != "bf16" for m in self.cfg.models)
+        return any(self.cfg.quantization(m) != "bf16" for m in self.cfg.models)
 
     def quantization(self, model: str, variant: str = "main") -> str:
-        return "bf16" if variant == "bf16" else self.cfg.model(model).get("quantization", "nf4")
+        return "bf16" if variant == "bf16" else self.cfg.quantization(model)
 
     # ---- model workers --------------------------------------------------------------------
     @property
-    def worker_state_dir(self) -> Path:
-        from .worker.state import default_state_dir
+    def worker_state_root(self) -> Path:
+        """The folder holding each node's worker state folder (``<root>/<hostname>``)."""
+        from .worker.state import state_root
 
-        return default_state_dir(self.results)
+        return state_root(self.results)
+
+    @property
+    def worker_state_dir(self) -> Path:
+        """This node's worker state folder."""
+        from .worker.state import node_state_dir
+
+        return node_state_dir(self.worker_state_root)
 
     @property
     def worker_idle_timeout(self) -> float:
-        return float(self.cfg.section("runtime").get("worker_idle_timeout_s", 120))
+        return float(self.cfg.section("runtime")["worker_idle_timeout_s"])  # default: config.DEFAULTS
 
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, model source): a changed source loads afresh."""
@@ -127,13 +145,17 @@ class Plan:
     # ---- fingerprints ---------------------------------------------------------------------
     @functools.cached_property
     def inference_code(self) -> str:
-        # Prompt text is covered per template by the template hash (which hashes the task
-        # YAML's rendering sections and the rendering code); parsers and scoring are not here.
-        return source_hash("models", "inference", "cells.py")
+        # The "cell" code group (provenance.CODE_GROUPS) and the shard layout. Prompt text is
+        # covered per template by the template hash (the task YAML's rendering sections and
+        # the rendering code); parsers and scoring are not here.
+        from .provenance import group_fingerprint
+        from .shards import layout_hash
+
+        return canonical_hash({"code": group_fingerprint("cell"), "shard_layout": layout_hash()})
 
     @functools.cached_property
     def scoring_code(self) -> str:
-        from .parsing import parser_version
+        from .tasks import parser_version
 
         # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
         # parser / scoring sections.
@@ -206,5 +228,7 @@ class Plan:
         })
 
     def items_fingerprint(self, benchmark: str) -> str:
+        from .provenance import group_fingerprint
+
         return canonical_hash({"benchmark": self.cfg.benchmark(benchmark), "data": self.cfg.section("data"),
-                               "code": source_hash("items")})
+                               "code": group_fingerprint("items")})

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 from .errors import WorkerError
 
 WORKERS_SUBDIR = ".workers"
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".json")  # provenance.SOURCE_SUFFIXES (stdlib-only here)
 STATE_DIR_ENV = "SAFETYREPRO_WORKER_DIR"
 EVENTS_FILE = "events.jsonl"
 # sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
@@ -49,14 +50,22 @@ def hostname() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
-    """``$SAFETYREPRO_WORKER_DIR/<host>`` if that is set, else ``<results_dir>/.workers/<host>``.
-
-    The host level matters on clusters whose nodes share the results filesystem: workers,
-    sockets and locks are per node."""
+def state_root(results_dir: str | os.PathLike) -> Path:
+    """``$SAFETYREPRO_WORKER_DIR`` if that is set, else ``<results_dir>/.workers``: the folder
+    holding one state folder per node."""
     root = os.environ.get(STATE_DIR_ENV)
-    base = Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
-    return base / (host or hostname())
+    return Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
+
+
+def node_state_dir(root: str | os.PathLike, host: str | None = None) -> Path:
+    """``<root>/<host>``: the host level matters on clusters whose nodes share the results
+    filesystem (workers, sockets and locks are per node), so a job resolves it where it runs."""
+    return Path(root) / (host or hostname())
+
+
+def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
+    """This node's state folder for a results folder (:func:`state_root`/<host>)."""
+    return node_state_dir(state_root(results_dir), host)
 
 
 def check_key(key: str) -> str:
@@ -75,8 +84,9 @@ def make_key(*parts: str) -> str:
 
 def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
     """A cheap fingerprint of the installed ``safetyrepro`` sources (path, size and mtime of
-    every .py file). A worker started before the code changed is replaced, so a shard is
-    never computed by stale code under a new code version."""
+    every .py file and every data file next to them: task YAMLs, JSON). A worker started
+    before the code or a task file changed is replaced, so a shard is never computed by stale
+    code or an old task file under a new code version."""
     root = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     stack = [root]
@@ -88,7 +98,7 @@ def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
                 for e in it:
                     if e.is_dir(follow_symlinks=False) and e.name != "__pycache__":
                         stack.append(Path(e.path))
-                    elif e.name.endswith(".py"):
+                    elif e.name.endswith(SOURCE_SUFFIXES):
                         st = e.stat()
                         entries.append(f"{e.path}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
