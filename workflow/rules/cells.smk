@@ -5,6 +5,12 @@
 # loaded about once per run. Each job is a thin client of the persistent per-model worker
 # (see safetyrepro.worker) that holds the weights; it passes the worker everything the
 # cell reads (config, variant, item and few-shot files) as arguments.
+#
+# On a cluster (profiles/slurm) the cells of one model and variant form the group
+# `cells_{model}_{shards}`; --group-components there packs that many cells into one Slurm
+# job, whose worker lives and dies inside the job. gpu and mem_mb are scoped `local` in the
+# profile, so each cell is its own layer: a group job asks for one GPU, the model's mem_mb
+# and the sum of its cells' minutes (docs/SLURM.md). Local runs ignore groups.
 
 
 rule cell:
@@ -18,12 +24,15 @@ rule cell:
         f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config}}/s{{seed}}.log",
     wildcard_constraints:
         shards="|".join(SHARD_ROOTS.values()),
+    group:
+        "cells_{model}_{shards}"
     priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
     conda:
         ENV
     resources:
         gpu=1,
-        mem_mb=4000,
+        mem_mb=lambda w: PLAN.cluster_resources(w.model)["mem_mb"],
+        runtime=lambda w: PLAN.cluster_resources(w.model)["cell_minutes"],
     params:
         config=CONFIG,
         variant=cell_variant,

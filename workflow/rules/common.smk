@@ -34,6 +34,13 @@ except SafetyReproError as exc:
 PLAN = Plan(RUN)
 RUN_T0 = time.time()
 
+if workflow.remote_exec:
+    # The Snakemake process of a cluster job (a group of cells): stop this job's workers
+    # before the job ends (no hooks run there).
+    from safetyrepro.worker.client import stop_allocation_workers_at_exit
+
+    stop_allocation_workers_at_exit(PLAN.worker_state_root)
+
 
 def rel(path):
     """Paths under the working directory are given relative to it, so targets such as

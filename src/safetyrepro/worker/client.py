@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
 from .protocol import PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message, recv_message, send_frame
-from .state import (FileLock, WorkerPaths, is_worker_process, list_pid_files, lock_is_held,
+from .state import (FileLock, WorkerPaths, allocation_owner, is_worker_process, list_pid_files, lock_is_held,
                     log_tail, pid_alive, read_holder, read_pid_file, remove_if_owned, spec_hash)
 
 DEFAULT_IDLE_TIMEOUT = 120.0
@@ -123,6 +123,9 @@ def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle
            "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
            "--loader-arg", json.dumps(loader_args, sort_keys=True),
            "--idle-timeout", repr(float(idle_timeout)), "--slots", str(int(slots)), "--detach"]
+    owner = allocation_owner()
+    if owner is not None:         # in a cluster job: the worker ends with the job's process
+        cmd += ["--owner", owner]
     with open(paths.log, "ab") as logf:
         logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} client pid {os.getpid()} starts "
                    f"a worker for {paths.key}\n".encode())
@@ -405,3 +408,20 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
         except (ValueError, TypeError):
             pass
     return list(targets.values())
+
+
+def stop_allocation_workers_at_exit(state_root: str | os.PathLike) -> bool:
+    """Inside a cluster job (see :func:`state.allocation_id`): at this process's exit, stop
+    every worker of this job on this node (``<state_root>/<host>.<allocation>``) and wait
+    for them, so no worker outlives the job that started it. Called by the Snakemake process
+    that runs a group job's cells; a worker whose owner is killed outright exits by itself.
+    Returns whether a stop was registered (not outside an allocation)."""
+    import atexit
+
+    from .state import allocation_id, node_state_dir
+
+    if allocation_id() is None:
+        return False
+    state_dir = node_state_dir(state_root)
+    atexit.register(stop_workers, state_dir, None, 30.0)
+    return True

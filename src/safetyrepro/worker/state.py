@@ -56,10 +56,24 @@ def state_root(results_dir: str | os.PathLike) -> Path:
     return Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
 
 
-def node_state_dir(root: str | os.PathLike, host: str | None = None) -> Path:
-    """``<root>/<host>``: the host level matters on clusters whose nodes share the results
-    filesystem (workers, sockets and locks are per node), so a job resolves it where it runs."""
-    return Path(root) / (host or hostname())
+def allocation_id(env: dict[str, str] | None = None) -> str | None:
+    """``slurm<jobid>`` inside a Slurm allocation (``SLURM_JOB_ID``; every step and every
+    process of a job sees the same value), else None."""
+    job = (os.environ if env is None else env).get("SLURM_JOB_ID", "")
+    return f"slurm{job}" if job.isdigit() else None
+
+
+def node_state_dir(root: str | os.PathLike, host: str | None = None,
+                   allocation: str | None = "auto") -> Path:
+    """``<root>/<host>``, or ``<root>/<host>.<allocation>`` inside a cluster allocation (see
+    :func:`allocation_id`). The host level matters on clusters whose nodes share the results
+    filesystem (workers, sockets and locks are per node), so a job resolves it where it runs;
+    the allocation level keeps a worker inside the Slurm job that started it: it never serves,
+    waits for or stops the workers of another job on the same node (each job has its own
+    GPU), and the job can stop all of its own workers before it ends."""
+    alloc = allocation_id() if allocation == "auto" else allocation
+    name = host or hostname()
+    return Path(root) / (f"{name}.{alloc}" if alloc else name)
 
 
 def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
@@ -139,7 +153,9 @@ class WorkerPaths:
 def socket_path(state_dir: Path, key: str) -> Path:
     """``<state_dir>/<key>.sock``, or ``/tmp/safetyrepro-<uid>/<hash>.sock`` when that is too
     long for AF_UNIX. The hash covers the full intended path, so every process computes the
-    same name; the worker records the one it uses in its pid file."""
+    same name; the worker records the one it uses in its pid file. The fallback is always
+    under /tmp, never ``$TMPDIR``: clusters set TMPDIR per job (and per step), and every
+    process of a job on a node must find the same socket."""
     wanted = Path(state_dir) / f"{key}.sock"
     if len(os.fsencode(str(wanted))) <= MAX_SOCKET_PATH:
         return wanted
@@ -147,14 +163,27 @@ def socket_path(state_dir: Path, key: str) -> Path:
     return short_socket_dir() / f"{digest}.sock"
 
 
-def short_socket_dir() -> Path:
-    import tempfile
+SHORT_SOCKET_PARENT = "/tmp"
 
-    d = Path(tempfile.gettempdir()) / f"safetyrepro-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    if len(os.fsencode(str(d))) > MAX_SOCKET_PATH - 30:
-        d = Path("/tmp") / f"safetyrepro-{os.getuid()}"
-        d.mkdir(mode=0o700, exist_ok=True)
+
+def short_socket_dir() -> Path:
+    """``/tmp/safetyrepro-<uid>``, created 0700; refused (WorkerError naming the path and its
+    owner) if it is a symlink, not a directory, owned by another user or open to others."""
+    import stat
+
+    uid = os.getuid()
+    d = Path(SHORT_SOCKET_PARENT) / f"safetyrepro-{uid}"
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else (
+            "not a directory" if not stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode & 0o777:o}")
+        raise WorkerError(f"{d}: refusing to use it for worker sockets: {kind}, owner uid "
+                          f"{st.st_uid} (expected a directory of uid {uid} with mode 700); "
+                          "remove it or set a shorter results_dir")
     return d
 
 
@@ -277,6 +306,65 @@ def is_worker_process(pid: int, key: str | None = None) -> bool:
     if b"safetyrepro.worker" not in argv and not any(a.endswith(b"safetyrepro") for a in argv):
         return False
     return key is None or key.encode() in argv
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), which
+    tells a process from a later one that reused its pid; None if it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _environ_value(pid: int, name: str) -> str | None:
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
+def allocation_owner(pid: int | None = None) -> str | None:
+    """Inside a Slurm allocation: ``"PID:START"`` of the process whose life bounds this job's
+    use of a worker, else None. That is the outermost ancestor of ``pid`` (default: this
+    process) that still belongs to the same Slurm job (its environment has the same
+    ``SLURM_JOB_ID``): in a group job, the Snakemake process that runs the group's cells
+    (its parent, slurmstepd, is not part of the job's environment). A worker started with
+    this owner exits when the owner is gone, whatever the cluster's process tracking."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit() or not Path("/proc/self").exists():
+        return None
+    owner = os.getpid() if pid is None else pid
+    cur = _parent_pid(owner)
+    seen = {owner}
+    while cur and cur > 1 and cur not in seen:
+        seen.add(cur)
+        if _environ_value(cur, "SLURM_JOB_ID") != job:
+            break
+        owner = cur
+        cur = _parent_pid(cur)
+    start = process_start_time(owner)
+    return None if start is None else f"{owner}:{start}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process ``"PID:START"`` (from :func:`allocation_owner`) still runs."""
+    pid_s, _, start_s = owner.partition(":")
+    pid = int(pid_s)
+    return pid_alive(pid) and str(process_start_time(pid)) == start_s
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
