@@ -8,9 +8,17 @@
 #
 # On a cluster (profiles/slurm) the cells of one model and variant form the group
 # `cells_{model}_{shards}`; --group-components there packs that many cells into one Slurm
-# job, whose worker lives and dies inside the job. gpu and mem_mb are scoped `local` in the
-# profile, so each cell is its own layer: a group job asks for one GPU, the model's mem_mb
-# and the sum of its cells' minutes (docs/SLURM.md). Local runs ignore groups.
+# job. `gpu` is scoped `local` in the profile, so each cell is its own layer: a group job asks
+# for one GPU, the model's mem_mb and the sum of its cells' minutes (docs/SLURM.md). Inside
+# the job (remote_exec) the cells are local jobs of the job's own Snakemake process, not a
+# job step each: so the worker the first cell starts stays in the batch step, whose life is
+# the job's (with cgroup process tracking a step's leftover processes die with the step).
+# Local runs ignore groups.
+if workflow.remote_exec:
+
+    localrules:
+        cell,
+
 
 
 rule cell:
@@ -25,7 +33,7 @@ rule cell:
     wildcard_constraints:
         shards="|".join(SHARD_ROOTS.values()),
     group:
-        "cells_{model}_{shards}"
+        None if workflow.remote_exec else "cells_{model}_{shards}"
     priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
     conda:
         ENV

@@ -35,11 +35,11 @@ PLAN = Plan(RUN)
 RUN_T0 = time.time()
 
 if workflow.remote_exec:
-    # The Snakemake process of a cluster job (a group of cells): stop this job's workers
-    # before the job ends (no hooks run there).
-    from safetyrepro.worker.client import stop_allocation_workers_at_exit
+    # In a cluster job (e.g. a group of cells): the job's first Snakemake process owns the
+    # workers its cells start, and stops them before the job ends (no hooks run there).
+    from safetyrepro.worker.client import own_allocation_workers
 
-    stop_allocation_workers_at_exit(PLAN.worker_state_root)
+    own_allocation_workers(PLAN.worker_state_root)
 
 
 def rel(path):

@@ -410,18 +410,17 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
     return list(targets.values())
 
 
-def stop_allocation_workers_at_exit(state_root: str | os.PathLike) -> bool:
-    """Inside a cluster job (see :func:`state.allocation_id`): at this process's exit, stop
-    every worker of this job on this node (``<state_root>/<host>.<allocation>``) and wait
-    for them, so no worker outlives the job that started it. Called by the Snakemake process
-    that runs a group job's cells; a worker whose owner is killed outright exits by itself.
-    Returns whether a stop was registered (not outside an allocation)."""
+def own_allocation_workers(state_root: str | os.PathLike) -> bool:
+    """Inside a cluster job: if this process is the first of the job to ask (see
+    :func:`state.claim_allocation_owner`), the workers that the job's cells start on this node
+    belong to it: they exit when it is gone, and at its exit it stops them and waits for them
+    (``<state_root>/<host>.<allocation>``), so no worker outlives the job. Called when the
+    workflow is loaded in a cluster job. Returns whether this process became the owner."""
     import atexit
 
-    from .state import allocation_id, node_state_dir
+    from .state import claim_allocation_owner, node_state_dir
 
-    if allocation_id() is None:
+    if not claim_allocation_owner():
         return False
-    state_dir = node_state_dir(state_root)
-    atexit.register(stop_workers, state_dir, None, 30.0)
+    atexit.register(stop_workers, node_state_dir(state_root), None, 30.0)
     return True

@@ -318,46 +318,40 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def _parent_pid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+OWNER_ENV = "SAFETYREPRO_JOB_OWNER"
 
 
-def _environ_value(pid: int, name: str) -> str | None:
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    prefix = name.encode() + b"="
-    for entry in data.split(b"\0"):
-        if entry.startswith(prefix):
-            return entry[len(prefix):].decode("utf-8", "replace")
-    return None
-
-
-def allocation_owner(pid: int | None = None) -> str | None:
-    """Inside a Slurm allocation: ``"PID:START"`` of the process whose life bounds this job's
-    use of a worker, else None. That is the outermost ancestor of ``pid`` (default: this
-    process) that still belongs to the same Slurm job (its environment has the same
-    ``SLURM_JOB_ID``): in a group job, the Snakemake process that runs the group's cells
-    (its parent, slurmstepd, is not part of the job's environment). A worker started with
-    this owner exits when the owner is gone, whatever the cluster's process tracking."""
+def claim_allocation_owner() -> bool:
+    """Inside a Slurm job: make this process the owner of the job's workers on this node,
+    unless a live process of the same job and node already is (its claim is inherited in
+    ``$SAFETYREPRO_JOB_OWNER``). The first Snakemake process of a group job (the batch step's,
+    which runs each cell as a job step of its own) claims it; its job steps and their cell
+    clients inherit the claim, and a worker they start exits when the owner is gone. Returns
+    whether this process claimed it (and so should stop the job's workers when it exits)."""
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job.isdigit() or not Path("/proc/self").exists():
+        return False
+    if allocation_owner() is not None:
+        return False
+    start = process_start_time(os.getpid())
+    if start is None:
+        return False
+    os.environ[OWNER_ENV] = f"{job}:{hostname()}:{os.getpid()}:{start}"
+    return True
+
+
+def allocation_owner() -> str | None:
+    """``"PID:START"`` of this job's owner process on this node (see
+    :func:`claim_allocation_owner`) if it is alive, else None (also outside Slurm jobs)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    parts = os.environ.get(OWNER_ENV, "").split(":")
+    if not job.isdigit() or len(parts) != 4 or parts[0] != job or parts[1] != hostname():
         return None
-    owner = os.getpid() if pid is None else pid
-    cur = _parent_pid(owner)
-    seen = {owner}
-    while cur and cur > 1 and cur not in seen:
-        seen.add(cur)
-        if _environ_value(cur, "SLURM_JOB_ID") != job:
-            break
-        owner = cur
-        cur = _parent_pid(cur)
-    start = process_start_time(owner)
-    return None if start is None else f"{owner}:{start}"
+    owner = f"{parts[2]}:{parts[3]}"
+    try:
+        return owner if owner_alive(owner) else None
+    except ValueError:
+        return None
 
 
 def owner_alive(owner: str) -> bool:
