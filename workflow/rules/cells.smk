@@ -13,12 +13,16 @@
 # the job (remote_exec) the cells are local jobs of the job's own Snakemake process, not a
 # job step each: so the worker the first cell starts stays in the batch step, whose life is
 # the job's (with cgroup process tracking a step's leftover processes die with the step).
-# Local runs ignore groups.
+# Local runs and dry runs have no groups.
+CELL_GROUP = (
+    "cells_{model}_{shards}"
+    if workflow.non_local_exec and not workflow.remote_exec
+    else None
+)
 if workflow.remote_exec:
 
     localrules:
         cell,
-
 
 
 rule cell:
@@ -32,9 +36,9 @@ rule cell:
         f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config}}/s{{seed}}.log",
     wildcard_constraints:
         shards="|".join(SHARD_ROOTS.values()),
-    group:
-        None if workflow.remote_exec else "cells_{model}_{shards}"
     priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
+    group:
+        CELL_GROUP
     conda:
         ENV
     resources:
