@@ -422,5 +422,7 @@ def own_allocation_workers(state_root: str | os.PathLike) -> bool:
 
     if not claim_allocation_owner():
         return False
-    atexit.register(stop_workers, node_state_dir(state_root), None, 30.0)
+    # a worker still in a call gets 10 s to finish it, then SIGKILL (its shard is written
+    # atomically; the cell reruns next time)
+    atexit.register(stop_workers, node_state_dir(state_root), None, 10.0)
     return True
