@@ -13,12 +13,8 @@
 # the job (remote_exec) the cells are local jobs of the job's own Snakemake process, not a
 # job step each: so the worker the first cell starts stays in the batch step, whose life is
 # the job's (with cgroup process tracking a step's leftover processes die with the step).
-# Local runs and dry runs have no groups.
-CELL_GROUP = (
-    "cells_{model}_{shards}"
-    if workflow.non_local_exec and not workflow.remote_exec
-    else None
-)
+# Local runs ignore groups (dry runs show them).
+CELL_GROUP = None if workflow.remote_exec else "cells_{model}_{shards}"
 if workflow.remote_exec:
 
     localrules:
