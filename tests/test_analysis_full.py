@@ -190,10 +190,10 @@ def test_significance_tables_agree_with_table2_and_the_items(run):
     for r in sample.itertuples():
         want = cells[(r.model_a, r.benchmark, r.config)] - cells[(r.model_b, r.benchmark, r.config)]
         assert r.diff == pytest.approx(want, abs=1e-12)
-    assert set(cfg["test"]) <= {"mcnemar_exact", "paired_bootstrap", "none (exact tie)"}
+    assert set(cfg["test"]) <= {"mcnemar_exact", "paired_bootstrap", "none (tie)"}
     greedy = cfg["config"].str.contains("-greedy-")
-    assert set(cfg.loc[greedy & (cfg["test"] != "none (exact tie)"), "test"]) == {"mcnemar_exact"}
-    assert set(cfg.loc[~greedy & (cfg["test"] != "none (exact tie)"), "test"]) == {"paired_bootstrap"}
+    assert set(cfg.loc[greedy & (cfg["test"] != "none (tie)"), "test"]) == {"mcnemar_exact"}
+    assert set(cfg.loc[~greedy & (cfg["test"] != "none (tie)"), "test"]) == {"paired_bootstrap"}
     boot = pd.read_parquet(run["tables"] / "bootstrap_items.parquet")
     assert set(boot["resamples"]) == {"items"} and (boot["ci_low"] <= boot["ci_high"]).all()
     assert set(pd.read_parquet(run["tables"] / "bootstrap.parquet")["resamples"]) == {"configurations"}

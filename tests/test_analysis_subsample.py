@@ -1,4 +1,4 @@
-"""Subsample stability on hand-made item results (real stratified_subsample from issue 3)."""
+"""Subsample stability on hand-made item results (the real stratified_subsample of items.subsample)."""
 
 import pandas as pd
 import pytest

@@ -10,11 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from safetyrepro.cells import SHARD_SCHEMA, read_shard, run_cell
+from safetyrepro.cells import CellWorker, run_cell
 from safetyrepro.config import load_config
 from safetyrepro.errors import CellError
 from safetyrepro.items import build_items
+from safetyrepro.tasks import load_task
 from safetyrepro.models import load_model
+from safetyrepro.shards import SHARD_SCHEMA, read_shard
 from numerics import Trace, assert_sequences_agree, model_rel_tol
 from workflow_support import DATA, ROOT
 
@@ -38,21 +40,34 @@ def setup(tmp_path_factory):
     for b in rc.benchmarks:
         build_items(rc, b)
     lm = load_model(rc, "smol")
-    return d, str(path), lm
+    return d, str(path), CellWorker(lm)
 
 
 def _run(setup, benchmark, cell, seed=0, name=None):
-    d, path, lm = setup
+    d, path, worker = setup
     out = d / "shards" / (name or f"{benchmark}-{cell}-s{seed}.parquet")
     summary = run_cell(config=path, model="smol", benchmark=benchmark, cell=cell, seed=seed, out=str(out),
-                       lm=lm, progress=False)
+                       worker=worker, progress=False)
     return out, summary
+
+
+def _count_streams(monkeypatch) -> list[int]:
+    """The number of streams of every generate_streams call from now on."""
+    import safetyrepro.inference as inference
+
+    calls, orig = [], inference.generate_streams
+
+    def counting(*a, **kw):
+        calls.append(len(a[2]))
+        return orig(*a, **kw)
+    monkeypatch.setattr(inference, "generate_streams", counting)
+    return calls
 
 
 def _content(path):
     table, meta = read_shard(path)
     rows = [{k: v for k, v in r.items() if k not in TIMING} for r in table.to_pylist()]
-    meta = {k: v for k, v in meta.items() if k not in {"wall_s"}}
+    meta = {k: v for k, v in meta.as_dict().items() if k not in {"wall_s"}}
     return rows, meta
 
 
@@ -65,16 +80,19 @@ def _content(path):
 ])
 def test_cell_shard_schema_and_metadata(setup, benchmark, cell):
     out, summary = _run(setup, benchmark, cell)
-    table, meta = read_shard(out)
+    table, shard_meta = read_shard(out)
+    meta = shard_meta.as_dict()
     assert table.schema.equals(SHARD_SCHEMA, check_metadata=False)
     assert table.num_rows == 2 and summary["n_items"] == 2
     for key in ("rules_stamp", "config_hash", "subset_hash", "fewshot_ids", "template_hash", "model_info",
-                "quantization", "device", "code_version", "cell", "seed", "fingerprint"):
+                "quantization", "device", "code_version", "cell", "seed", "fingerprint", "variant",
+                "decode_group", "parser_version"):
         assert meta[key] not in (None, ""), key
     assert meta["quantization"] == "fp32" and meta["device"] == "cpu"
     assert meta["model_info"]["weights_hash"] and meta["model_info"]["torch_version"]
     assert meta["model_info"]["transformers_version"] and "bitsandbytes_version" in meta["model_info"]
     assert len(meta["fewshot_ids"]) == int(cell.split("-")[2][1:])
+    assert meta["variant"] == "main" and meta["parser_version"] == load_task(benchmark).parser_version
     rows = table.to_pylist()
     if cell.endswith("logprob"):
         for r in rows:
@@ -109,23 +127,17 @@ def test_a_decode_group_is_generated_once_and_handed_out_per_job(setup, monkeypa
     first of their jobs generates all 11 sequences per item in one batch, the others are
     served from memory in any order, a rerun regenerates the same outputs, and the group is in
     every member's fingerprint."""
-    import safetyrepro.inference as inference
     from safetyrepro.inference import generate as plain_generate
     from safetyrepro.plan import Plan
 
-    d, path, lm = setup
+    d, path, worker = setup
+    lm = worker.lm
     plan = Plan(load_config(path))
     group = plan.decode_group("bbq", "T2-t0.3-k0-freeform")
     assert group == (("greedy", 1), ("t0.3", 5), ("t0.7", 5))
     assert plan.decode_group("bbq", "T2-greedy-k0-freeform") == group
     assert plan.decode_group("bbq", "T2-greedy-k0-logprob") == (("greedy", 1),)
-    calls = []
-    orig = inference.generate_streams
-
-    def counting(*a, **kw):
-        calls.append(len(a[2]))
-        return orig(*a, **kw)
-    monkeypatch.setattr(inference, "generate_streams", counting)
+    calls = _count_streams(monkeypatch)
     order = [("t0.7", 3), ("greedy", 0), ("t0.3", 0), ("t0.7", 0), ("t0.3", 4)]
     outs = {}
     with Trace().recording() as group_trace:
@@ -176,27 +188,25 @@ def test_invalid_cells_are_refused_naming_the_cell(setup, benchmark, cell, seed,
 
 
 def test_missing_items_named(setup, tmp_path):
-    d, path, lm = setup
+    d, path, worker = setup
     cfg = yaml.safe_load(open(path))
     cfg["runtime"]["results_dir"] = str(tmp_path / "empty")
     p2 = tmp_path / "c.yaml"
     p2.write_text(yaml.safe_dump(cfg))
     with pytest.raises(CellError, match="item file .*bbq.parquet is missing"):
         run_cell(config=str(p2), model="smol", benchmark="bbq", cell="T1-greedy-k0-freeform", seed=0,
-                 out=str(tmp_path / "x.parquet"), lm=lm, progress=False)
+                 out=str(tmp_path / "x.parquet"), worker=worker, progress=False)
     assert not (tmp_path / "x.parquet").exists()
 
 
 def test_prefill_store_budget_is_a_runtime_setting(setup, tmp_path):
-    import safetyrepro.cells as cells
-
-    d, path, lm = setup
+    d, path, worker = setup
     cfg = load_config(path)
-    assert cells._prefills(lm, cfg).max_bytes == 2048 << 20      # the default
+    assert worker.prefills(cfg).max_bytes == 2048 << 20      # the default
     raw = yaml.safe_load(open(path))
     raw["runtime"]["prefill_store_mb"] = 0
     (tmp_path / "off.yaml").write_text(yaml.safe_dump(raw))
-    off = cells._prefills(lm, load_config(tmp_path / "off.yaml"))
+    off = worker.prefills(load_config(tmp_path / "off.yaml"))
     assert off.max_bytes == 0
     off.put("k", object(), 1)
     assert len(off) == 0                                           # 0 keeps nothing
@@ -204,7 +214,7 @@ def test_prefill_store_budget_is_a_runtime_setting(setup, tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(Exception, match="prefill_store_mb"):
         load_config(tmp_path / "bad.yaml")
-    cells._prefills(lm, cfg)                                        # back to the default
+    worker.prefills(cfg)                                            # back to the default
 
 
 def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, tmp_path, monkeypatch):
@@ -212,7 +222,6 @@ def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, 
     greedy alone) decodes one stream and carries the bf16 variant's fingerprint, not the main
     cell's decode group of 11 streams and fingerprint. The variant is an argument of the
     cell, never guessed from the quantization."""
-    import safetyrepro.inference as inference
     from safetyrepro.plan import Plan
 
     d, path, _ = setup
@@ -227,26 +236,21 @@ def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, 
     cell = "T1-greedy-k0-freeform"
     assert plan.decode_group("bbq", cell, "main") == (("greedy", 1), ("t0.3", 5), ("t0.7", 5))
     assert plan.decode_group("bbq", cell, "bf16") == (("greedy", 1),)
-    calls = []
-    orig = inference.generate_streams
-
-    def counting(*a, **kw):
-        calls.append(len(a[2]))
-        return orig(*a, **kw)
-    monkeypatch.setattr(inference, "generate_streams", counting)
-    lm16 = load_model(rc, "smol16")
+    calls = _count_streams(monkeypatch)
+    worker16 = CellWorker(load_model(rc, "smol16"))
     metas = {}
     for variant in ("bf16", "main"):
         out = tmp_path / f"{variant}.parquet"
         run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0, out=str(out),
-                 variant=variant, lm=lm16, progress=False)
-        metas[variant] = read_shard(out)[1]
+                 variant=variant, worker=worker16, progress=False)
+        metas[variant] = read_shard(out)[1].as_dict()
     assert calls == [1, 11]
     for variant, meta in metas.items():
         assert meta["variant"] == variant and meta["quantization"] == "bf16"
+        assert meta["decode_group"] == [list(g) for g in plan.decode_group("bbq", cell, variant)]
         assert meta["fingerprint"] == plan.cell_fingerprint("smol16", "bbq", cell, 0, variant)
     assert metas["bf16"]["fingerprint"] != metas["main"]["fingerprint"]
     with pytest.raises(CellError, match="quantization 'nf4' given"):
         run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0,
-                 out=str(tmp_path / "x.parquet"), variant="bf16", quantization="nf4", lm=lm16,
+                 out=str(tmp_path / "x.parquet"), variant="bf16", quantization="nf4", worker=worker16,
                  progress=False)

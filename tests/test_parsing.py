@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from safetyrepro.errors import ConfigError
-from safetyrepro.parsing import ParseResult, parse_response, parser_version
+from safetyrepro.parsing import ParseResult
+from safetyrepro.tasks import parse_response, parser_version
 from safetyrepro.tasks import load_task
 
 BBQ_ITEM = {"item_id": "bbq/Age/1", "benchmark": "bbq",

@@ -15,7 +15,8 @@ import pytest
 
 from safetyrepro.errors import DataError
 from safetyrepro.hashing import sha256_file
-from safetyrepro.parsing import ParseResult, parse_response, refusal_spec
+from safetyrepro.parsing import ParseResult, refusal_spec
+from safetyrepro.tasks import parse_response
 from safetyrepro.parsing.refusal import UNCLEAR, classify_refusal
 from safetyrepro.parsing.refusal_agreement import (DEVDATA, DEVSET, DevRecord, agreement, binary,
                                                    build_devset, first_words, load_devset, main,

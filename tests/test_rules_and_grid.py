@@ -113,6 +113,7 @@ def test_bad_rules_name_file_and_field(tmp_path, project_root, mutate, field):
     (lambda c: c["models"]["smollm2-135m"].update(quantization="int3"), "models.smollm2-135m.quantization"),
     (lambda c: c["envelope"].update(name="tiny"), "envelope.name"),
     (lambda c: c.pop("models"), "(top level)"),
+    (lambda c: c["analysis"].update(alpha=1.0), "analysis.alpha"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, project_root, mutate, field):
     content = yaml.safe_load((project_root / "config/config.yaml").read_text())
@@ -131,3 +132,12 @@ def test_bad_config_cli_exit_2(tmp_path):
     r = run_cli("grid", "--config", str(p))
     assert r.returncode == 2
     assert str(p) in r.stderr and "should be non-empty" in r.stderr and "field " in r.stderr
+
+
+def test_analysis_alpha_default(tmp_path, project_root):
+    content = yaml.safe_load((project_root / "config/config.yaml").read_text())
+    content["analysis"].pop("alpha")
+    p = tmp_path / "config.yaml"
+    p.write_text(yaml.safe_dump(content))
+    assert load_config(p).section("analysis")["alpha"] == 0.05
+    assert load_config(project_root / "config/paper.yaml").section("analysis")["alpha"] == 0.05

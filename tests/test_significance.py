@@ -46,7 +46,7 @@ def test_pair_with_only_within_noise_reversals():
     assert p["pattern"] == "noise" and not p["crossover"] and p["crossover_p"] > 0.05
     by = {r["config"]: r for r in cfgs}
     assert by["c1"]["test"] == "mcnemar_exact" and by["c1"]["p_value"] == 1.0
-    assert by["c1"]["diff"] == pytest.approx(0.05) and by["c3"]["test"] == "none (exact tie)"
+    assert by["c1"]["diff"] == pytest.approx(0.05) and by["c3"]["test"] == "none (tie)"
     # se of d = (1, 0 x 19): sd = sqrt(1/20) ... ddof 1: sqrt((1 - 1/20)/19) = sqrt(1/20); / sqrt(20)
     assert by["c1"]["se"] == pytest.approx(np.sqrt(1 / 20) / np.sqrt(20))
     # item bootstrap: the discordant items of c1/c2 are missed in many draws, so the interval reaches 0
@@ -133,7 +133,7 @@ def test_certify_item_level_reports_significance(tmp_path):
     assert sig["bbq"]["pattern"] == "crossover" and sig["bbq"]["rho_flip_sig"] == 0.5
     assert sig["xstest"]["pattern"] == "stable" and sig["xstest"]["n_plus_sig"] == 1
     cfg = [x for x in j["significance"]["significance_configs"] if x["benchmark"] == "xstest"]
-    assert {x["config"]: x["test"] for x in cfg} == {"c1": "none (exact tie)", "c2": "mcnemar_exact"}
+    assert {x["config"]: x["test"] for x in cfg} == {"c1": "none (tie)", "c2": "mcnemar_exact"}
     boot = j["significance"]["bootstrap_items"]
     assert {x["resamples"] for x in boot} == {"items"} and len(boot) == 4
     assert (tmp_path / "out" / "significance.csv").exists()
@@ -148,3 +148,12 @@ def test_certify_config_level_says_significance_needs_items(tmp_path):
     j = json.loads(run_cli("certify", str(p), "--json").stdout)
     assert j["level"] == "config" and j["significance"] is None and "item" in j["significance_note"]
     assert "needs item-level input" in run_cli("certify", str(p)).stdout
+
+
+def test_tolerance_reaches_the_item_level_signs():
+    spec = {"c1": (lambda i: float(i < 11), lambda i: float(i < 10)),
+            "c2": (lambda i: float(i < 15), lambda i: float(i < 5))}
+    g = item_grid_from_scores(_items(spec, 20), "bbq")
+    pairs, cfgs, _ = analyse_grid(g, samples=200, seed=0, tol=0.1)
+    assert [r["test"] for r in cfgs] == ["none (tie)", "mcnemar_exact"]       # |0.05| <= 0.1 ties
+    assert (pairs[0]["n_plus"], pairs[0]["n_zero"], pairs[0]["tie_rule"]) == (1, 1, "absolute")

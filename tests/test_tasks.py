@@ -520,15 +520,30 @@ def test_exemplar_answers_parse_back_to_their_gold():
 
 
 def test_template_hash_covers_rendering_code_but_not_scoring_code():
-    from safetyrepro.tasks import Task
-    from safetyrepro.tasks import task as task_module
+    """The render code is the prompt side's own files (no hand-kept list of methods): the
+    prompt side imports no parser, and the scoring side's methods are not on it."""
+    import sys
 
-    methods = task_module._RENDER_METHODS
-    assert all(callable(getattr(Task, m)) for m in methods)  # a renamed method fails here
-    assert {"build_messages", "logprob_request", "candidates", "_answer_values"} <= set(methods)
-    assert not {"parse", "score_freeform", "score_logprob", "summarize"} & set(methods)
-    digest = task_module.render_code_hash()
-    assert len(digest) == 64 and digest == task_module.render_code_hash.__wrapped__()
+    from safetyrepro.provenance import CODE_GROUPS
+    from safetyrepro.tasks import Task, TaskPrompts
+    from safetyrepro.tasks import prompts as prompts_module
+
+    assert set(CODE_GROUPS["render"]["paths"]) == {"tasks/prompts.py", "tasks/render.py"}
+    assert issubclass(Task, TaskPrompts)
+    for name in ("build_messages", "logprob_request", "candidates", "_answer_values", "template_hash"):
+        assert callable(getattr(TaskPrompts, name))
+    for name in ("parse", "score_freeform", "score_logprob", "summarize", "parser_version"):
+        assert not hasattr(TaskPrompts, name) and hasattr(Task, name)
+    digest = prompts_module.render_code_hash()
+    assert len(digest) == 64 and digest == prompts_module.render_code_hash()
+    # the prompt side imports nothing from parsing, itself or through render.py
+    import ast
+
+    for mod in (prompts_module, sys.modules["safetyrepro.tasks.render"]):
+        tree = ast.parse(open(mod.__file__).read())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not any("parsing" in m for m in imported), (mod.__name__, imported)
 
 
 def test_crows_pairs_direction_convention_is_explicit_and_selectable(tmp_path):

@@ -330,7 +330,11 @@ def test_code_stamp_tracks_source_edits(tmp_path):
     s2 = code_stamp(pkg)
     assert s2 != s1
     (pkg / "c.py").write_text("")
-    assert code_stamp(pkg) not in (s1, s2)
+    s3 = code_stamp(pkg)
+    assert s3 not in (s1, s2)
+    # a task file edited with a worker alive replaces the worker too (it would keep the old one)
+    (pkg / "sub" / "task.yaml").write_text("templates: {}\n")
+    assert code_stamp(pkg) not in (s1, s2, s3)
     assert spec_hash(LOADER, {"a": 1}, stamp=s1) != spec_hash(LOADER, {"a": 1}, stamp=s2)
     assert spec_hash(LOADER, {"a": 1}, stamp=s1) == spec_hash(LOADER, {"a": 1}, stamp=s1)
 

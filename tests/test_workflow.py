@@ -40,12 +40,18 @@ def test_full_run_outputs(tiny):
     sampled = cells[cells["decoding"] == "t0.7"]
     assert (sampled["n_seeds"] == 2).all() and (cells[cells["decoding"] == "greedy"]["n_seeds"] == 1).all()
     assert cells["score"].between(0, 1).all()
+    assert (cells["score"] == cells["score_num"] / cells["score_den"]).all()
+    assert (cells["score_den"] == cells["n_items"] * cells["n_seeds"]).all()
     meta = json.loads(pq.read_schema(res / "tables" / "cell_scores.parquet").metadata[b"safetyrepro"])
     assert meta["rules_stamp"] == cells["rules_stamp"].iloc[0] and meta["n_shards"] == 64
     rho = pq.read_table(res / "tables" / "rho_flip.parquet").to_pandas()
     assert len(rho) == 2 and set(rho["benchmark"]) == {"truthfulqa", "xstest"}
     assert (rho["rho_flip"] <= rho["ceiling"]).all()
+    sig = pq.read_table(res / "tables" / "significance.parquet").to_pandas()
+    assert len(sig) == 2 and (sig["rho_flip"].to_numpy() == rho.sort_values("benchmark")["rho_flip"].to_numpy()).all()
+    assert "Significance-aware verdicts" in (res / "report.md").read_text()
     for f in ("report.md", "cards/index.json", "figures/rho_heatmap.png", "tables/precision.parquet",
+              "figures/rho_significance.png", "tables/bootstrap_items.parquet", "tables/significance_configs.parquet",
               "tables/table2.parquet", "tables/anova.parquet", "tables/robustness.parquet"):
         assert (res / f).exists(), f
     assert len(_shards(project)) == 64 and len(_shards(project, "shards_bf16")) == 8
@@ -167,7 +173,7 @@ def test_aggregation_refuses_mixed_rules_stamps(tiny, tmp_path):
 
 
 def test_corrupt_shard_is_named(tiny, tmp_path):
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
     from safetyrepro.errors import ShardError
 
     project, config, _ = tiny
@@ -213,7 +219,7 @@ def test_missing_model_fails_only_its_jobs(tmp_path):
 
 
 def test_killed_run_resumes_without_loss(tmp_path):
-    from safetyrepro.cells import read_shard
+    from safetyrepro.shards import read_shard
 
     project, config = make_project_copy(tmp_path / "p")
     target = ["results/tables/cell_scores.parquet"]

@@ -19,8 +19,7 @@ from .errors import ShardError
 from .grid import Config
 from .io import write_parquet
 from .provenance import code_stamp, code_version
-
-AXES = ("template", "decoding", "shots", "scoring")
+from .rules import AXES
 
 
 def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
@@ -35,10 +34,15 @@ def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
 
 def aggregate(plan, variant: str = "main", progress: bool = True):
     """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
+    return _aggregate(plan, variant, progress)[:3]
+
+
+def _aggregate(plan, variant: str, progress: bool):
+    """:func:`aggregate`'s results and the metadata of every shard read ({path: dict})."""
     from tqdm import tqdm
 
-    from .cells import read_shard
     from .items import read_items
+    from .shards import read_shard
     from .tasks import load_task
 
     cfg = plan.cfg
@@ -48,7 +52,8 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
     for j in tqdm(jobs, desc=f"reading shards ({variant})", disable=not progress):
         p = str(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant))
         try:
-            t, m = read_shard(p)
+            t, shard_meta = read_shard(p)
+            m = shard_meta.as_dict()
         except ShardError as exc:
             problems.append(str(exc))
             continue
@@ -140,12 +145,12 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
         "n_shards": len(metas), "n_cells": len(cells),
         "shard_fingerprints": {p: metas[p]["fingerprint"] for p in sorted(metas)},
     }
-    return cells, items_df, meta
+    return cells, items_df, meta, metas
 
 
 def provenance_records(plan, metas: dict[str, dict]) -> dict:
     """{model: {benchmark: record}} for the GRID cards, gathered from the shards' metadata."""
-    from .provenance import code_version_string
+    from .provenance import format_code_version
     from .tasks import load_task
 
     out: dict = {}
@@ -160,9 +165,7 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
             "code_versions": set(),
         })
         rec["template_hashes"][m["template"]] = m["template_hash"]
-        cv = m.get("code_version", {})
-        rec["code_versions"].add(f"{cv.get('package_version')}+{str(cv.get('git_commit'))[:12]}"
-                                 f".src{str(cv.get('source_sha256'))[:12]}")
+        rec["code_versions"].add(format_code_version(m.get("code_version", {})))
     for per_b in out.values():
         for rec in per_b.values():
             rec["code_version"] = ", ".join(sorted(rec.pop("code_versions")))
@@ -170,21 +173,16 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
 
 
 def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
-    out_dir = Path(out_dir)
-    cells, items_df, meta = aggregate(plan, variant)
-    suffix = "" if variant == "main" else f"_{variant}"
-    paths = {"cell_scores": out_dir / f"cell_scores{suffix}.parquet"}
+    """Write :func:`aggregate`'s tables to :func:`.plan.aggregate_outputs` of ``out_dir``."""
+    from .plan import aggregate_outputs
+
+    cells, items_df, meta, metas = _aggregate(plan, variant, progress=True)
+    paths = aggregate_outputs(out_dir, variant)
     write_parquet(cells, paths["cell_scores"], meta)
     if variant == "main":
         from .io import atomic_write_text
 
-        paths["cell_scores_csv"] = out_dir / "cell_scores.csv"
         atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
-        paths["item_results"] = out_dir / "item_results.parquet"
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
-        from .cells import read_shard
-
-        metas = {p: read_shard(p)[1] for p in meta["shard_fingerprints"]}
-        paths["provenance"] = out_dir / "provenance.json"
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

@@ -1,218 +1,46 @@
-"""Run one cell: (model, benchmark, config, seed) over the benchmark's fixed item subset,
-written as one Parquet shard (a row per item) with full provenance metadata.
+"""Run one cell: (model, benchmark, config, seed) of a variant over the benchmark's fixed item
+subset, written as one shard (:mod:`.shards`).
 
-The same function runs in-process (`safetyrepro run-cell`) or inside the persistent model
-worker (`--worker`), where the loaded model is the worker's state. Sampled configs share
-their prompts across seeds: the worker generates all seeds of a config in one pass (one
-prefill, one decode per seed) and keeps the other seeds' outputs until their jobs ask.
+    items + few-shot pool --requests.cell_requests--> model requests
+        --inference (generate streams / score candidates)--> outputs
+        --task.score_*--> rows --shards.write_shard--> shard
+
+The same :func:`run_cell` runs in-process (`safetyrepro run-cell`) or inside the persistent
+model worker, whose state is a :class:`CellWorker`: the loaded model, its prefill store, the
+decode groups still being handed out, and the config and item files it has read. Free-form
+cells of one decode group share their prompts: the worker generates all the group's streams
+in one pass (one prefill, one batch) and keeps the other cells' outputs until their jobs ask.
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .config import RunConfig, load_config
 from .errors import CellError, SafetyReproError
 from .grid import Config
 from .hashing import canonical_hash, text_hash
-from .io import read_parquet, write_parquet
 from .provenance import code_version
+from .requests import FreeformRequests, LogprobRequests, cell_requests
+from .shards import ShardMeta, write_shard
+
+PENDING_GROUPS_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CellSpec:
     model: str
     benchmark: str
     config_id: str
     seed: int
+    variant: str
     quantization: str
 
     @property
     def id(self) -> str:
-        return f"{self.model}/{self.benchmark}/{self.config_id}/s{self.seed} ({self.quantization})"
-
-
-# ---- config / items caches (a worker serves many cells of the same run) ------------------
-_CONFIGS: dict[tuple[str, float], RunConfig] = {}
-_ITEMS: dict[tuple[str, float], tuple[list[dict], dict]] = {}
-_SEED_CACHE: dict[tuple, dict[int, list]] = {}
-_PREFILLS = weakref.WeakKeyDictionary()  # model -> PrefillStore (see _prefills)
-PREFILL_STORE_MB = 2048  # default of runtime.prefill_store_mb
-
-
-def _prefills(lm, cfg: RunConfig):
-    """The model's :class:`~.inference.kvcache.PrefillStore`: free-form and logprob cells of
-    one (template, shots) often share the few-shot prefix and prompts; each prefill is computed
-    once per worker (same outputs). Its budget is ``runtime.prefill_store_mb`` (default 2048;
-    the prefills live where the model runs, so on a GPU this is GPU memory; 0 turns it off)."""
-    from .inference.kvcache import PrefillStore
-
-    budget = int(cfg.section("runtime").get("prefill_store_mb", PREFILL_STORE_MB)) << 20
-    store = _PREFILLS.get(lm.model)
-    if store is None or store.max_bytes != budget:
-        store = _PREFILLS[lm.model] = PrefillStore(budget)
-    return store
-
-
-def _config(path: str) -> RunConfig:
-    key = (str(path), Path(path).stat().st_mtime)
-    if key not in _CONFIGS:
-        _CONFIGS[key] = load_config(path)
-    return _CONFIGS[key]
-
-
-def _items(path: Path) -> tuple[list[dict], dict]:
-    from .items import read_items
-
-    key = (str(path), path.stat().st_mtime if path.exists() else -1.0)
-    if key not in _ITEMS:
-        if not path.exists():
-            raise CellError(f"item file {path} is missing; run `safetyrepro items` (or the workflow) first")
-        df, meta = read_items(path)
-        _ITEMS[key] = (df.to_dict(orient="records"), meta)
-    return _ITEMS[key]
-
-
-# ---- the worker entry points ----------------------------------------------------------------
-def load_for_worker(config: str, model: str, quantization: str | None = None):
-    """Worker loader: load the model once; the returned object is the worker's state.
-
-    The worker computes every cell job of its model on this node, so it runs
-    :func:`.models.load.compute_threads` threads (``runtime.threads``, default: every core this
-    process may use), not the one-thread limit (``OMP_NUM_THREADS=1`` and friends) that
-    Snakemake sets for each single-core job and that the worker inherits from the client that
-    started it (measured: the worker then used one of this machine's two cores)."""
-    import torch
-
-    from .models import load_model
-    from .models.load import compute_threads
-
-    cfg = _config(config)
-    torch.set_num_threads(compute_threads(cfg))
-    return load_model(cfg, model, quantization=quantization)
-
-
-def run_cell_in_worker(lm, **kwargs) -> dict:
-    return run_cell(lm=lm, **kwargs)
-
-
-# ---- the cell -------------------------------------------------------------------------------
-def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
-             variant: str = "main", items: str | None = None, fewshot: str | None = None,
-             quantization: str | None = None, lm=None, progress: bool = True) -> dict:
-    """Run one cell of ``variant`` and write its shard atomically to ``out``. ``items`` /
-    ``fewshot``: the item subset and few-shot pool files (default: the plan's);
-    ``quantization``, when given, must be the one the plan gives the variant. Returns a small
-    summary."""
-    from .plan import SHARD_ROOTS, Plan
-    from .tasks import load_task
-
-    cfg = _config(config)
-    plan = Plan(cfg)
-    if variant not in SHARD_ROOTS:
-        raise CellError(f"cell {model}/{benchmark}/{cell}/s{seed}: unknown variant {variant!r} "
-                        f"(expected one of {sorted(SHARD_ROOTS)})")
-    quant = plan.quantization(model, variant)
-    if quantization is not None and quantization != quant:
-        raise CellError(f"cell {model}/{benchmark}/{cell}/s{seed}: quantization {quantization!r} given, "
-                        f"but {config} runs variant {variant!r} of {model} as {quant!r}")
-    spec = CellSpec(model, benchmark, cell, int(seed), quant)
-    try:
-        c = Config.parse(cell)
-    except ValueError as exc:
-        raise CellError(f"cell {spec.id}: {exc}") from exc
-    violations = cfg.rules.violations(benchmark, c.levels())
-    if violations:
-        raise CellError(f"cell {spec.id} is not valid under the rules ({', '.join(violations)})")
-    if int(seed) >= cfg.n_seeds(c.decoding):
-        raise CellError(f"cell {spec.id}: seed {seed} out of range (decoding {c.decoding} runs "
-                        f"{cfg.n_seeds(c.decoding)} seed(s))")
-
-    items, items_meta = _items(Path(items) if items else plan.items_path(benchmark))
-    pool, pool_meta = _items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
-    n_shots = cfg.rules.level("shots", c.shots)["n"]
-    if n_shots > len(pool):
-        raise CellError(f"cell {spec.id}: {n_shots} shots requested but the few-shot pool has {len(pool)}")
-    fewshot = pool[:n_shots]
-    task = load_task(benchmark)
-
-    if lm is None:
-        from .models import load_model
-
-        lm = load_model(cfg, model, quantization=quant)
-    from .models import format_prompt
-
-    t0 = time.perf_counter()
-    try:
-        if c.scoring == "freeform":
-            rows = _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress,
-                                 plan.decode_group(benchmark, cell, variant))
-        else:
-            rows = _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt)
-    except SafetyReproError as exc:
-        raise CellError(f"cell {spec.id}: {exc}") from exc
-    except Exception as exc:  # OOM and friends: name the cell
-        if "out of memory" in str(exc).lower():
-            raise CellError(f"cell {spec.id}: out of memory ({exc}); lower generation.batch_size") from exc
-        raise
-    wall = time.perf_counter() - t0
-
-    import pyarrow as pa
-
-    dec = cfg.rules.level("decoding", c.decoding)
-    meta: dict[str, Any] = {
-        "kind": "shard",
-        "cell": cell, "model": model, "benchmark": benchmark, "seed": int(seed),
-        "template": c.template, "decoding": c.decoding, "shots": c.shots, "scoring": c.scoring,
-        "temperature": dec["temperature"], "top_p": dec.get("top_p", 1.0),
-        "max_new_tokens": cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
-        "template_hash": task.template_hash(c.template),
-        "rules_stamp": cfg.rules.stamp,
-        "config_hash": cfg.hash,
-        "subset_hash": items_meta.get("subset_hash"),
-        "fewshot_ids": [x["item_id"] for x in fewshot],
-        "fewshot_hash": pool_meta.get("subset_hash"),
-        "variant": variant,
-        "fingerprint": plan.cell_fingerprint(model, benchmark, cell, int(seed), variant),
-        "model_info": dict(lm.info),
-        "quantization": lm.info.get("quantization", quant),
-        "device": lm.info.get("device"),
-        "code_version": code_version(),
-        "n_items": len(rows),
-        "wall_s": wall,
-    }
-    table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
-    write_parquet(table, out, meta)
-    import resource
-
-    return {"out": str(out), "n_items": len(rows), "wall_s": wall,
-            "accuracy": sum(r["correct"] for r in rows) / max(len(rows), 1),
-            "tokens": sum((r["n_prompt_tokens"] or 0) + (r["n_gen_tokens"] or 0) for r in rows),
-            "generated_tokens": sum(r["n_gen_tokens"] or 0 for r in rows),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-
-
-def _shard_schema():
-    import pyarrow as pa
-
-    return pa.schema([
-        ("item_id", pa.string()), ("prompt_hash", pa.string()), ("prompt", pa.string()),
-        ("raw_output", pa.string()), ("parsed_label", pa.string()), ("parse_ok", pa.bool_()),
-        ("correct", pa.bool_()), ("cand_logliks", pa.list_(pa.float64())),
-        ("cand_ntokens", pa.list_(pa.int32())), ("chosen_index", pa.int32()),
-        ("n_prompt_tokens", pa.int32()), ("n_gen_tokens", pa.int32()),
-        ("finish_reason", pa.string()), ("latency_s", pa.float64()),
-    ])
-
-
-SHARD_SCHEMA = _shard_schema()
-
-
-SEED_CACHE_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
+        return f"{self.model}/{self.benchmark}/{self.config_id}/s{self.seed} ({self.variant}, {self.quantization})"
 
 
 def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
@@ -234,48 +62,217 @@ def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
     return streams, owners
 
 
-def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store) -> list:
-    """Generations of one (decoding, seed) of a free-form cell's decode group
-    (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template and
-    shots, with all their seeds). The whole group is generated in one pass (one prefill, all
-    its sequences decoded in one batch, :func:`.inference.generate_streams`) the first time
-    any of its cells is asked for; the others wait in memory until their jobs come, in
-    whatever order the scheduler sends them. A (decoding, seed) is handed out once; asking
-    again (a rerun) generates the group afresh, with the same result, since each sequence
-    drives its own generator and the batch is the same."""
-    from .inference import generate_streams
-    from .inference.generate import copy_generations
+class CellWorker:
+    """What a process serving cells keeps between cells: the loaded model (``lm``), its
+    prefill store, the decode groups with outputs still to hand out, and the run configs and
+    item files it has read (keyed by path and modification time, so an edited file is read
+    again)."""
 
-    # the prompts identify the template, shots and items; kw the generation settings
-    key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(prompts),
-           canonical_hash(kw | {"progress": None}), tuple(group))
-    pending = _SEED_CACHE.get(key)
-    if pending is None or (decoding, spec.seed) not in pending:
-        streams, owners = group_streams(group, levels)
-        outs = generate_streams(lm, prompts, streams, store=store, **kw)
-        pending = {}
-        for out, who in zip(outs, owners):
-            for j, ds in enumerate(who):
-                pending[ds] = out if j == 0 else copy_generations(out)
-        _SEED_CACHE[key] = pending
-        while len(_SEED_CACHE) > SEED_CACHE_MAX:  # oldest first
-            _SEED_CACHE.pop(next(iter(_SEED_CACHE)))
-    gens = pending.pop((decoding, spec.seed))
-    if not pending:
-        del _SEED_CACHE[key]
-    return gens
+    def __init__(self, lm=None):
+        self.lm = lm
+        self._configs: dict[tuple[str, float], RunConfig] = {}
+        self._items: dict[tuple[str, float], tuple[list[dict], dict]] = {}
+        self._pending: dict[tuple, dict[tuple[str, int], list]] = {}
+        self._prefills = None
+
+    @classmethod
+    def load(cls, config: str, model: str, quantization: str | None = None) -> "CellWorker":
+        """Load the model once (the worker's loader).
+
+        The worker computes every cell job of its model on this node, so it runs
+        :func:`.models.load.compute_threads` threads (``runtime.threads``, default: every core
+        this process may use), not the one-thread limit (``OMP_NUM_THREADS=1`` and friends)
+        that Snakemake sets for each single-core job and that the worker inherits from the
+        client that started it (measured: the worker then used one of this machine's two
+        cores)."""
+        import torch
+
+        from .models import load_model
+        from .models.load import compute_threads
+
+        worker = cls()
+        cfg = worker.config(config)
+        torch.set_num_threads(compute_threads(cfg))
+        worker.lm = load_model(cfg, model, quantization=quantization)
+        return worker
+
+    # ---- files read once per version ------------------------------------------------------
+    def config(self, path: str) -> RunConfig:
+        key = (str(path), Path(path).stat().st_mtime)
+        if key not in self._configs:
+            self._configs[key] = load_config(path)
+        return self._configs[key]
+
+    def items(self, path: Path) -> tuple[list[dict], dict]:
+        from .items import read_items
+
+        if not path.exists():
+            raise CellError(f"item file {path} is missing; run `safetyrepro items` (or the workflow) first")
+        key = (str(path), path.stat().st_mtime)
+        if key not in self._items:
+            df, meta = read_items(path)
+            self._items[key] = (df.to_dict(orient="records"), meta)
+        return self._items[key]
+
+    # ---- the model and its stores ---------------------------------------------------------
+    def model(self, cfg: RunConfig, spec: CellSpec):
+        """The loaded model, loading it on first use; a worker holding another model or
+        quantization refuses the cell."""
+        if self.lm is None:
+            from .models import load_model
+
+            self.lm = load_model(cfg, spec.model, quantization=spec.quantization)
+        held = (self.lm.info.get("model_key", spec.model), self.lm.info.get("quantization", spec.quantization))
+        if held != (spec.model, spec.quantization):
+            raise CellError(f"cell {spec.id}: this worker holds {held[0]} ({held[1]})")
+        return self.lm
+
+    def prefills(self, cfg: RunConfig):
+        """The model's :class:`~.inference.kvcache.PrefillStore`: free-form and logprob cells of
+        one (template, shots) often share the few-shot prefix and prompts; each prefill is
+        computed once per worker (same outputs). Its budget is ``runtime.prefill_store_mb``
+        (default 2048; the prefills live where the model runs, so on a GPU this is GPU memory;
+        0 turns it off)."""
+        from .inference.kvcache import PrefillStore
+
+        budget = int(cfg.section("runtime")["prefill_store_mb"]) << 20  # default: config.DEFAULTS
+        if self._prefills is None or self._prefills.max_bytes != budget:
+            self._prefills = PrefillStore(budget)
+        return self._prefills
+
+    def group_generations(self, cfg: RunConfig, spec: CellSpec, decoding: str, req: FreeformRequests,
+                          group, progress: bool) -> list:
+        """Generations of one (decoding, seed) of a free-form cell's decode group
+        (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template
+        and shots, with all their seeds). The whole group is generated in one pass (one
+        prefill, all its sequences decoded in one batch, :func:`.inference.generate_streams`)
+        the first time any of its cells is asked for; the others wait in memory until their
+        jobs come, in whatever order the scheduler sends them. A (decoding, seed) is handed out
+        once; asking again (a rerun) generates the group afresh, with the same result, since
+        each sequence drives its own generator and the batch is the same."""
+        from . import inference
+        from .inference.generate import copy_generations
+
+        # the prompts identify the template, shots and items; the rest the generation settings
+        key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(req.prompts),
+               req.max_new_tokens, req.batch_size, tuple(group))
+        pending = self._pending.get(key)
+        if pending is None or (decoding, spec.seed) not in pending:
+            levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
+            streams, owners = group_streams(group, levels)
+            outs = inference.generate_streams(self.lm, req.prompts, streams, store=self.prefills(cfg),
+                                              max_new_tokens=req.max_new_tokens,
+                                              batch_size=req.batch_size, progress=progress)
+            pending = {}
+            for out, who in zip(outs, owners):
+                for j, ds in enumerate(who):
+                    pending[ds] = out if j == 0 else copy_generations(out)
+            self._pending[key] = pending
+            while len(self._pending) > PENDING_GROUPS_MAX:  # oldest first
+                self._pending.pop(next(iter(self._pending)))
+        gens = pending.pop((decoding, spec.seed))
+        if not pending:
+            del self._pending[key]
+        return gens
 
 
-def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
-    from .models import format_prompt
+# ---- the worker entry points (see cell_client) ----------------------------------------------
+def load_for_worker(config: str, model: str, quantization: str | None = None) -> CellWorker:
+    return CellWorker.load(config, model, quantization)
 
-    prompts = [format_prompt(lm.tokenizer, task.build_messages(it, c.template, fewshot)) for it in items]
-    kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template),
-              batch_size=cfg.data["generation"]["batch_size"], progress=progress)
-    levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg))
+
+def run_cell_in_worker(worker: CellWorker, **kwargs) -> dict:
+    return run_cell(worker=worker, **kwargs)
+
+
+# ---- the cell -------------------------------------------------------------------------------
+def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, seed: int, variant: str,
+                 quantization: str | None) -> tuple[CellSpec, Config]:
+    """The cell's spec and parsed config id, checked against the plan and the rules."""
+    from .plan import SHARD_ROOTS
+
+    name = f"{model}/{benchmark}/{cell}/s{seed}"
+    if variant not in SHARD_ROOTS:
+        raise CellError(f"cell {name}: unknown variant {variant!r} (expected one of {sorted(SHARD_ROOTS)})")
+    quant = plan.quantization(model, variant)
+    if quantization is not None and quantization != quant:
+        raise CellError(f"cell {name}: quantization {quantization!r} given, but {cfg.path} runs "
+                        f"variant {variant!r} of {model} as {quant!r}")
+    spec = CellSpec(model, benchmark, cell, int(seed), variant, quant)
+    try:
+        c = Config.parse(cell)
+    except ValueError as exc:
+        raise CellError(f"cell {spec.id}: {exc}") from exc
+    violations = cfg.rules.violations(benchmark, c.levels())
+    if violations:
+        raise CellError(f"cell {spec.id} is not valid under the rules ({', '.join(violations)})")
+    if int(seed) >= cfg.n_seeds(c.decoding):
+        raise CellError(f"cell {spec.id}: seed {seed} out of range (decoding {c.decoding} runs "
+                        f"{cfg.n_seeds(c.decoding)} seed(s))")
+    return spec, c
+
+
+def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
+             variant: str = "main", items: str | None = None, fewshot: str | None = None,
+             quantization: str | None = None, worker: CellWorker | None = None,
+             progress: bool = True) -> dict:
+    """Run one cell of ``variant`` and write its shard atomically to ``out``. ``items`` /
+    ``fewshot``: the item subset and few-shot pool files (default: the plan's);
+    ``quantization``, when given, must be the one the plan gives the variant; ``worker``: the
+    state kept between cells (default: a fresh one, which loads the model). Returns a small
+    summary."""
+    from .plan import Plan
+    from .tasks import load_task
+
+    worker = worker if worker is not None else CellWorker()
+    cfg = worker.config(config)
+    plan = Plan(cfg)
+    spec, c = resolve_cell(cfg, plan, model, benchmark, cell, seed, variant, quantization)
+    item_rows, items_meta = worker.items(Path(items) if items else plan.items_path(benchmark))
+    pool, pool_meta = worker.items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
+    task = load_task(benchmark)
+    lm = worker.model(cfg, spec)
+    group = plan.decode_group(benchmark, cell, variant)
+
+    t0 = time.perf_counter()
+    try:
+        req = cell_requests(cfg, lm.tokenizer, task, c, item_rows, pool)
+        if isinstance(req, FreeformRequests):
+            gens = worker.group_generations(cfg, spec, c.decoding, req, group, progress)
+            rows = freeform_rows(task, item_rows, req, gens)
+        else:
+            rows = logprob_rows(lm, task, item_rows, req, worker.prefills(cfg), progress)
+    except SafetyReproError as exc:
+        raise CellError(f"cell {spec.id}: {exc}") from exc
+    except Exception as exc:  # OOM and friends: name the cell
+        if "out of memory" in str(exc).lower():
+            raise CellError(f"cell {spec.id}: out of memory ({exc}); lower generation.batch_size") from exc
+        raise
+    wall = time.perf_counter() - t0
+
+    dec = cfg.rules.level("decoding", c.decoding)
+    exemplars = pool[: cfg.rules.level("shots", c.shots)["n"]]
+    meta = ShardMeta(
+        cell=cell, model=model, benchmark=benchmark, seed=int(seed), variant=variant,
+        template=c.template, decoding=c.decoding, shots=c.shots, scoring=c.scoring,
+        temperature=dec["temperature"], top_p=dec.get("top_p", 1.0),
+        max_new_tokens=req.max_new_tokens if isinstance(req, FreeformRequests) else None,
+        decode_group=[list(g) for g in group],
+        template_hash=task.template_hash(c.template), rules_stamp=cfg.rules.stamp, config_hash=cfg.hash,
+        subset_hash=items_meta.get("subset_hash"), fewshot_ids=[x["item_id"] for x in exemplars],
+        fewshot_hash=pool_meta.get("subset_hash"),
+        fingerprint=plan.cell_fingerprint(model, benchmark, cell, int(seed), variant),
+        parser_version=task.parser_version, model_info=dict(lm.info),
+        quantization=lm.info.get("quantization", spec.quantization), device=lm.info.get("device"),
+        code_version=code_version(), n_items=len(rows), wall_s=wall,
+    )
+    write_shard(out, rows, meta)
+    return summary(out, rows, wall)
+
+
+def freeform_rows(task, items: list[dict], req: FreeformRequests, gens: list) -> list[dict]:
     rows = []
-    for it, prompt, g in zip(items, prompts, gens):
+    for it, prompt, g in zip(items, req.prompts, gens):
         r = task.score_freeform(it, g.text)
         rows.append({
             "item_id": it["item_id"], "prompt_hash": text_hash(prompt), "prompt": prompt,
@@ -287,21 +284,15 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
     return rows
 
 
-def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt):
-    from .inference import score_candidates
+def logprob_rows(lm, task, items: list[dict], req: LogprobRequests, store, progress: bool) -> list[dict]:
+    from . import inference
 
-    contexts, cands = [], []
-    for it in items:
-        messages, candidates = task.logprob_request(it, c.template, fewshot)
-        contexts.append(format_prompt(lm.tokenizer, messages))
-        cands.append(list(candidates))
     t0 = time.perf_counter()
-    scores = score_candidates(lm, contexts, cands, batch_size=cfg.data["generation"]["batch_size"],
-                              store=_prefills(lm, cfg),
-                              progress=progress)
+    scores = inference.score_candidates(lm, req.contexts, req.candidates, batch_size=req.batch_size,
+                                        store=store, progress=progress)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []
-    for i, (it, ctx, sc) in enumerate(zip(items, contexts, scores)):
+    for it, ctx, sc in zip(items, req.contexts, scores):
         lls = [s.loglik for s in sc]
         nt = [s.n_tokens for s in sc]
         r = task.score_logprob(it, lls, nt)
@@ -315,16 +306,11 @@ def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt
     return rows
 
 
-def read_shard(path: str | Path):
-    """Read a shard, checking its schema; ShardError names the file on any problem."""
-    from .errors import ShardError
+def summary(out, rows: list[dict], wall: float) -> dict:
+    import resource
 
-    table, meta = read_parquet(path)
-    if meta.get("kind") != "shard":
-        raise ShardError(f"{path}: not a cell shard (metadata kind={meta.get('kind')!r})")
-    missing = set(SHARD_SCHEMA.names) - set(table.column_names)
-    if missing:
-        raise ShardError(f"{path}: missing columns {sorted(missing)}")
-    if table.num_rows != meta.get("n_items"):
-        raise ShardError(f"{path}: {table.num_rows} rows but metadata says {meta.get('n_items')}")
-    return table, meta
+    return {"out": str(out), "n_items": len(rows), "wall_s": wall,
+            "accuracy": sum(r["correct"] for r in rows) / max(len(rows), 1),
+            "tokens": sum((r["n_prompt_tokens"] or 0) + (r["n_gen_tokens"] or 0) for r in rows),
+            "generated_tokens": sum(r["n_gen_tokens"] or 0 for r in rows),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}

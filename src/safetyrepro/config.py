@@ -19,11 +19,14 @@ from .schema import load_yaml, validate
 
 DATA_ENV = "SAFETYREPRO_DATA"
 
+# Every default of a run config, in one place (a model's default quantization is per model).
+DEFAULT_QUANTIZATION = "nf4"
 DEFAULTS: dict[str, Any] = {
     "data": {"source": "local", "local_dir": "../shared/data/benchmarks", "items_seed": 20240601},
     "generation": {"batch_size": 16, "max_new_tokens": {"T1": 8, "T2": 8, "T3": 8, "T4": 64}},
     "runtime": {"device": "auto", "resources_dir": "resources", "results_dir": "results",
-                "worker_idle_timeout_s": 120, "cluster": {"mem_mb": 16000, "cell_minutes": 2}},
+                "worker_idle_timeout_s": 120, "prefill_store_mb": 2048,
+                "cluster": {"mem_mb": 16000, "cell_minutes": 2}},
     "analysis": {"parse_clean_threshold": 0.95, "bootstrap_samples": 1000, "bootstrap_seed": 7,
                  "subsample_fraction": 0.8, "subsample_repeats": 20,
                  "nominal_config": "T1-greedy-k0-freeform", "precision_check": False, "alpha": 0.05},
@@ -84,6 +87,10 @@ class RunConfig:
             raise ConfigError(self.path, f"models.{key}",
                               f"no such model; configured: {', '.join(self.models)}")
         return self.data["models"][key]
+
+    def quantization(self, key: str) -> str:
+        """The model's configured quantization (default :data:`DEFAULT_QUANTIZATION`)."""
+        return self.model(key).get("quantization", DEFAULT_QUANTIZATION)
 
     # ---- paths --------------------------------------------------------------------------
     @property

@@ -32,6 +32,3 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
             h.update(block)
     return h.hexdigest()
 
-
-def short(digest: str, n: int = 12) -> str:
-    return digest[:n]

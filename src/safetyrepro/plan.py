@@ -3,30 +3,29 @@
 The Snakefile asks this module for targets, paths and `params` fingerprints, so rules hold no
 logic. Fingerprints are content hashes of exactly what can change a job's output:
 
-* a cell (raw model outputs): model source + quantization, the template's own text hash, the
-  shots / decoding / scoring levels, seed, max_new_tokens, the rules stamp and the inference
-  code (models/, inference/, cells.py, prompt rendering) — *not* the parsers or metrics, so a
-  parser fix re-scores without re-running any model;
+* a cell (raw model outputs): model source + quantization, the template's hash (its text
+  and the "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens,
+  its decode group, the rules stamp, the "cell" code group of provenance.CODE_GROUPS and the
+  shard layout — *not* the parsers or metrics, so a parser fix re-scores without re-running
+  any model;
 * scoring/aggregation: parser versions and the aggregation code;
 * every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
   computes its output, i.e. its producer module and everything that module imports
   (:func:`safetyrepro.provenance.code_fingerprint`), so editing a metric in ``metrics/`` reruns
   exactly the tables computed with it. Each output records the same fingerprint in its
   metadata, and the report and cards mark a table written by other code as STALE;
-* items: the benchmark's config section, the items seed and the items code.
+* items: the benchmark's config section, the items seed and the "items" code group.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import grid
 from .config import RunConfig
 from .hashing import canonical_hash
-from .paths import PACKAGE_DIR
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
 # check: the conservative_core sub-envelope in bf16, for every model.
@@ -34,20 +33,13 @@ SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
 SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
 
 
-def source_hash(*rel_paths: str, exclude: tuple[str, ...] = ()) -> str:
-    """sha256 over the package sources under the given relative paths (files or folders)."""
-    h = hashlib.sha256()
-    for rel in rel_paths:
-        p = PACKAGE_DIR / rel
-        files = sorted(p.rglob("*")) if p.is_dir() else [p]
-        for f in files:
-            if f.suffix not in {".py", ".yaml", ".json"} or "__pycache__" in f.parts:
-                continue
-            if f.name in exclude:
-                continue
-            h.update(str(f.relative_to(PACKAGE_DIR)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
+def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
+    """What aggregation writes into ``out_dir`` for ``variant`` (its rules declare the same)."""
+    out_dir = Path(out_dir)
+    if variant != "main":
+        return {"cell_scores": out_dir / f"cell_scores_{variant}.parquet"}
+    return {"cell_scores": out_dir / "cell_scores.parquet", "cell_scores_csv": out_dir / "cell_scores.csv",
+            "item_results": out_dir / "item_results.parquet", "provenance": out_dir / "provenance.json"}
 
 
 @dataclass(eq=False)  # hashed by identity (lru_cache on methods)
@@ -118,12 +110,12 @@ class Plan:
 
     @property
     def precision_check(self) -> bool:
-        if not self.cfg.section("analysis").get("precision_check", False):
+        if not self.cfg.section("analysis")["precision_check"]:
             return False
-        return any(self.cfg.model(m).get("quantization", "nf4") != "bf16" for m in self.cfg.models)
+        return any(self.cfg.quantization(m) != "bf16" for m in self.cfg.models)
 
     def quantization(self, model: str, variant: str = "main") -> str:
-        return "bf16" if variant == "bf16" else self.cfg.model(model).get("quantization", "nf4")
+        return "bf16" if variant == "bf16" else self.cfg.quantization(model)
 
     # ---- model workers --------------------------------------------------------------------
     @property
@@ -160,13 +152,17 @@ class Plan:
     # ---- fingerprints ---------------------------------------------------------------------
     @functools.cached_property
     def inference_code(self) -> str:
-        # Prompt text is covered per template by the template hash (which hashes the task
-        # YAML's rendering sections and the rendering code); parsers and scoring are not here.
-        return source_hash("models", "inference", "cells.py")
+        # The "cell" code group (provenance.CODE_GROUPS) and the shard layout. Prompt text is
+        # covered per template by the template hash (the task YAML's rendering sections and
+        # the rendering code); parsers and scoring are not here.
+        from .provenance import group_fingerprint
+        from .shards import layout_hash
+
+        return canonical_hash({"code": group_fingerprint("cell"), "shard_layout": layout_hash()})
 
     @functools.cached_property
     def scoring_code(self) -> str:
-        from .parsing import parser_version
+        from .tasks import parser_version
 
         # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
         # parser / scoring sections.
@@ -212,5 +208,7 @@ class Plan:
         })
 
     def items_fingerprint(self, benchmark: str) -> str:
+        from .provenance import group_fingerprint
+
         return canonical_hash({"benchmark": self.cfg.benchmark(benchmark), "data": self.cfg.section("data"),
-                               "code": source_hash("items")})
+                               "code": group_fingerprint("items")})

@@ -14,15 +14,38 @@ from . import __version__
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
+SOURCE_SUFFIXES = {".py", ".yaml", ".yml", ".json"}  # what counts as the package's code
+
+
+def hash_files(rel_paths) -> str:
+    """The one code hasher: sha256 over the package-relative path and bytes of each file."""
+    h = hashlib.sha256()
+    for rel in sorted(rel_paths):
+        h.update(str(rel).encode() + b"\0")
+        h.update((PACKAGE_DIR / rel).read_bytes())
+    return h.hexdigest()
+
+
+def source_files(*rel_paths: str, exclude: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Package-relative paths of the code files under ``rel_paths`` (files or folders; ""
+    is the whole package), without those under ``exclude``."""
+    out = set()
+    for rel in rel_paths:
+        p = PACKAGE_DIR / rel
+        for f in (sorted(p.rglob("*")) if p.is_dir() else [p]):
+            r = f.relative_to(PACKAGE_DIR)
+            if f.suffix not in SOURCE_SUFFIXES or "__pycache__" in f.parts or not f.is_file():
+                continue
+            if any(r == Path(x) or Path(x) in r.parents for x in exclude):
+                continue
+            out.add(str(r))
+    return tuple(sorted(out))
+
+
 @functools.lru_cache(maxsize=None)
 def source_hash() -> str:
-    """sha256 over every .py/.yaml file of the package (path + bytes), in sorted order."""
-    h = hashlib.sha256()
-    for p in sorted(PACKAGE_DIR.rglob("*")):
-        if p.suffix in {".py", ".yaml", ".yml", ".json"} and "__pycache__" not in p.parts:
-            h.update(str(p.relative_to(PACKAGE_DIR)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
+    """Hash of every code file of the package."""
+    return hash_files(source_files(""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,10 +76,41 @@ def code_version() -> dict:
     }
 
 
+def format_code_version(cv: dict) -> str:
+    """The one short form of a :func:`code_version` record: version+commit[-dirty].src<hash>."""
+    commit = cv.get("git_commit") or "nogit"
+    dirty = "-dirty" if commit.endswith("-dirty") else ""
+    return f"{cv.get('package_version')}+{commit[:12]}{dirty}.src{str(cv.get('source_sha256'))[:12]}"
+
+
 def code_version_string() -> str:
-    cv = code_version()
-    commit = cv["git_commit"] or "nogit"
-    return f"{cv['package_version']}+{commit[:12]}{'-dirty' if commit.endswith('-dirty') else ''}.src{cv['source_sha256'][:12]}"
+    return format_code_version(code_version())
+
+
+# ---- code groups: which code can change a cell's outputs, its prompts or the item files -----
+#
+# One declarative table. A group covers the code files under "paths" except those under
+# "exclude". Tables are fingerprinted by their producer's import closure instead
+# (:func:`code_fingerprint`, below); prompt text by each template's hash
+# (:meth:`.tasks.Task.template_hash`); parsers by :attr:`.tasks.Task.parser_version`.
+CODE_GROUPS: dict[str, dict] = {
+    # the model outputs of a cell (not the parse: aggregation re-parses). Model preparation is
+    # covered by the model's source in the cell fingerprint, and the shard layout by
+    # shards.layout_hash (a reader's error message reruns no cell).
+    "cell": {"paths": ("models", "inference", "cells.py", "requests.py"),
+             "exclude": ("models/prepare.py", "models/cli.py", "inference/bench.py")},
+    # the prompt rendering code (in every template hash, tasks.prompts.render_code_hash)
+    "render": {"paths": ("tasks/prompts.py", "tasks/render.py")},
+    # the item subsets and few-shot pools
+    "items": {"paths": ("items",), "exclude": ("items/cli.py",)},
+}
+
+
+@functools.lru_cache(maxsize=None)
+def group_fingerprint(group: str) -> str:
+    """Fingerprint of a :data:`CODE_GROUPS` group."""
+    spec = CODE_GROUPS[group]
+    return hash_files(source_files(*spec["paths"], exclude=spec.get("exclude", ())))
 
 
 # ---- code fingerprints: which code computes one output ---------------------------------------
@@ -145,12 +199,8 @@ def code_files(*modules: str) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def code_fingerprint(*modules: str) -> str:
-    """sha256 over the paths and bytes of :func:`code_files` of ``modules``."""
-    h = hashlib.sha256()
-    for rel in code_files(*modules):
-        h.update(rel.encode() + b"\0")
-        h.update((PACKAGE_DIR / rel).read_bytes())
-    return h.hexdigest()
+    """Hash (:func:`hash_files`) of :func:`code_files` of ``modules``."""
+    return hash_files(code_files(*modules))
 
 
 def code_stamp(producer: str) -> dict:

@@ -6,10 +6,7 @@ rule aggregate:
     input:
         shards=[rel(p) for p in PLAN.shards("main")],
     output:
-        cell_scores=f"{RESULTS}/tables/cell_scores.parquet",
-        cell_scores_csv=f"{RESULTS}/tables/cell_scores.csv",
-        item_results=f"{RESULTS}/tables/item_results.parquet",
-        provenance=f"{RESULTS}/tables/provenance.json",
+        **aggregate_outputs("main"),
     log:
         f"{RESULTS}/logs/aggregate.log",
     conda:
@@ -27,7 +24,7 @@ rule aggregate_bf16:
     input:
         shards=[rel(p) for p in PLAN.shards("bf16")],
     output:
-        cell_scores=f"{RESULTS}/tables/cell_scores_bf16.parquet",
+        **aggregate_outputs("bf16"),
     log:
         f"{RESULTS}/logs/aggregate_bf16.log",
     conda:

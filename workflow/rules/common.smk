@@ -10,6 +10,7 @@ from snakemake.utils import min_version
 
 from safetyrepro.config import config_from_dict, load_config
 from safetyrepro.errors import SafetyReproError
+from safetyrepro import plan as plan_module
 from safetyrepro.plan import SHARD_PATTERN, SHARD_ROOTS, Plan
 
 min_version("9.0")
@@ -75,6 +76,15 @@ def all_targets():
 
 
 TABLES = f"{RESULTS}/tables"
+
+
+def aggregate_outputs(variant):
+    """The aggregation step's outputs, as the package names them."""
+    return {
+        k: rel(v) for k, v in plan_module.aggregate_outputs(TABLES, variant).items()
+    }
+
+
 PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
 SIGNIFICANCE_TABLES = ["significance", "significance_configs", "bootstrap_items"]
 FIGURES = [

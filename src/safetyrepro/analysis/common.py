@@ -21,8 +21,8 @@ import pandas as pd
 from ..errors import DataError
 from ..io import atomic_write_text, read_metadata, read_parquet, write_parquet
 from ..provenance import code_stamp, code_version_string, stale_reason
+from ..rules import AXES  # noqa: F401  (defined once, in rules)
 
-AXES = ("template", "decoding", "shots", "scoring")
 CELL_COLUMNS = ("model", "benchmark", "config", "template", "decoding", "shots", "scoring",
                 "core", "score", "parse_rate")
 ITEM_COLUMNS = ("model", "benchmark", "config", "seed", "item_id", "parsed_label", "parse_ok",

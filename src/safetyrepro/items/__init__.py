@@ -1,4 +1,4 @@
-"""Benchmark items (issue 3): canonical schema, loaders (local files and hub), fixed
+"""Benchmark items: canonical schema, loaders (local files and hub), fixed
 stratified subsets, few-shot pools, and stratified subsamples.
 
 See schema.py (columns), normalize.py (per-benchmark encoding of gold/label/meta),

@@ -302,7 +302,7 @@ def analyse_grid(g: ItemGrid, alpha: float = 0.05, samples: int = 1000, seed: in
         for j, c in enumerate(g.configs):
             cfg_rows.append({"benchmark": g.benchmark, "model_a": a, "model_b": b, "config": c, "n_items": n,
                              "diff": float(diff[j]), "se": float(se[j]), "z": float(z[j]),
-                             "test": "none (exact tie)" if sign[j] == 0 else
+                             "test": "none (tie)" if sign[j] == 0 else
                              ("mcnemar_exact" if both01[j] else "paired_bootstrap"),
                              "p_value": float(p[j]), "p_holm": float(p_h[j]), "significant": bool(sig[j]),
                              "ahead": str(ahead[j])})

@@ -116,7 +116,7 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
     from ..inference.attention import attn_implementation, use_engine_attention
 
     spec = cfg.model(key)
-    quant = quantization or spec.get("quantization", "nf4")
+    quant = quantization or cfg.quantization(key)
     if quant not in QUANTIZATIONS:
         raise ConfigError(cfg.path, f"models.{key}.quantization",
                           f"unknown quantization {quant!r}; expected one of {QUANTIZATIONS}")

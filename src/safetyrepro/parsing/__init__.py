@@ -1,6 +1,9 @@
 """Free-form response parsers: raw model text -> a label of the benchmark's label set.
 
-``parse_response(benchmark, text, item)`` is the public entry point; the parser kind and its
+:func:`build_parser` turns a task file's ``parser`` section into a parser;
+``safetyrepro.tasks.parse_response(benchmark, text, item)`` is the public entry point (the
+parsers know no task: only the ``refusal_agreement`` tool, which reads XSTest's task file,
+imports from ``tasks``). The parser kind and its
 word lists come from the benchmark's task file (``src/safetyrepro/tasks/<benchmark>.yaml``,
 section ``parser``). Parsers never raise on any input and return ``ParseResult(None, False)``
 when the response does not determine a label.
@@ -11,7 +14,7 @@ Kinds:
   * ``refusal`` -- XSTest "comply"/"refuse"/"partial"; its abstention ``unclear`` is
     unparseable (not in the label set).
 
-``parser_version(benchmark)`` is a content hash of everything that turns a raw output into
+``safetyrepro.tasks.parser_version(benchmark)`` is a content hash of everything that turns a raw output into
 a scored result (this package's source, the task scoring code, and the task file's
 ``answer``, ``parser`` and ``scoring`` sections), so any change there changes it and the
 workflow knows to re-score shards from their stored raw outputs.
@@ -86,26 +89,9 @@ def build_parser(parser: dict, answer: dict) -> tuple[Callable[[Any, dict | None
     raise ValueError(f"unknown parser kind {kind!r}")  # unreachable after schema validation
 
 
-def parse_response(benchmark: str, text: object, item: dict | None = None) -> ParseResult:
-    """Parse one free-form response of ``benchmark``. With ``item`` (a canonical item row),
-    multiple-choice parsing is limited to that item's letters and also recognises an answer
-    given as an option's text. Never raises on any ``text``."""
-    from ..tasks import load_task
-
-    return load_task(benchmark).parse(text, item)
-
-
 def source_text(kind: str | None = None) -> str:
     """The source of the parsing code a parser kind runs (all kinds when None)."""
     here = Path(__file__).resolve().parent
     names = ["__init__.py", "text.py"]
     names += sorted(_KIND_MODULES.values()) if kind is None else [_KIND_MODULES[kind]]
     return "\n".join(f"# {n}\n" + (here / n).read_text(encoding="utf-8") for n in names)
-
-
-def parser_version(benchmark: str) -> str:
-    """Content hash of the code and task-file sections that map ``benchmark``'s raw outputs
-    (free-form text or candidate log-likelihoods) to scored results."""
-    from ..tasks import load_task
-
-    return load_task(benchmark).parser_version

@@ -1,4 +1,4 @@
-"""Performance benchmarks' shared code (issue 7): realistic workloads built from the real
+"""Performance benchmarks' shared code: realistic workloads built from the real
 items and task templates (:mod:`.workload`), side-by-side alternating timing
 (:mod:`.timing`), process memory and machine description (:mod:`.machine`).
 

@@ -1,8 +1,7 @@
 """Realistic benchmark workloads: a benchmark's items drawn exactly as a run draws them
 (stratified subset + few-shot pool, :func:`safetyrepro.items.build.build_items`) but with any
-item count, rendered into the prompts and candidates a cell would use (the same
-``Task.build_messages`` / ``Task.logprob_request`` + ``format_prompt`` calls as
-:mod:`safetyrepro.cells`)."""
+item count, rendered into the prompts and candidates a cell would use (:mod:`safetyrepro.requests`, as
+:mod:`safetyrepro.cells` builds them)."""
 
 from __future__ import annotations
 
@@ -41,38 +40,25 @@ def load_workload(cfg: RunConfig, benchmark: str, n_items: int) -> Workload:
                     summary["subset_hash"])
 
 
-def _shots(cfg: RunConfig, wl: Workload, config: Config) -> list[dict]:
-    n = cfg.rules.level("shots", config.shots)["n"]
-    return wl.fewshot[:n]
-
-
 def freeform_prompts(cfg: RunConfig, lm, wl: Workload, config_id: str) -> list[str]:
-    """The free-form prompts of cell ``config_id`` for every item (as ``cells`` renders them)."""
-    from ..models import format_prompt
+    """The free-form prompts of cell ``config_id`` for every item (as a cell builds them)."""
+    from ..requests import cell_requests
     from ..tasks import load_task
 
-    c = Config.parse(config_id)
-    task = load_task(wl.benchmark)
-    shots = _shots(cfg, wl, c)
-    return [format_prompt(lm.tokenizer, task.build_messages(it, c.template, shots)) for it in wl.items]
+    return cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), Config.parse(config_id),
+                         wl.items, wl.fewshot).prompts
 
 
 def logprob_requests(cfg: RunConfig, lm, wl: Workload, config_id: str
                      ) -> tuple[list[str], list[list[str]]]:
     """``(contexts, candidates)`` of logprob cell ``config_id``: the rendered chat context
     and the candidate continuations of every item."""
-    from ..models import format_prompt
+    from ..requests import cell_requests
     from ..tasks import load_task
 
-    c = Config.parse(config_id)
-    task = load_task(wl.benchmark)
-    shots = _shots(cfg, wl, c)
-    contexts, cands = [], []
-    for it in wl.items:
-        messages, candidates = task.logprob_request(it, c.template, shots)
-        contexts.append(format_prompt(lm.tokenizer, messages))
-        cands.append(list(candidates))
-    return contexts, cands
+    req = cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), Config.parse(config_id),
+                        wl.items, wl.fewshot)
+    return req.contexts, req.candidates
 
 
 @dataclass
@@ -91,34 +77,32 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     """The decode group of the run's ``(benchmark, template, shots)`` on the loaded ``lm``,
     from the run's own item subset and few-shot pool (``results/items``; run the ``items``
     step of the workflow first)."""
-    from .. import cells
-    from ..models import format_prompt
+    from ..cells import CellWorker, group_streams
     from ..plan import Plan
+    from ..requests import cell_requests
     from ..tasks import load_task
 
     plan = Plan(cfg)
     if not plan.items_path(benchmark).exists():
         raise FileNotFoundError(f"{plan.items_path(benchmark)} is missing: run `safetyrepro items` "
                                 f"(or the workflow) first")
-    items, _ = cells._items(plan.items_path(benchmark))
-    pool, _ = cells._items(plan.fewshot_path(benchmark))
-    task = load_task(benchmark)
-    n_shots = cfg.rules.level("shots", shots)["n"]
-    prompts = [format_prompt(lm.tokenizer, task.build_messages(it, template, pool[:n_shots]))
-               for it in items]
-    group = plan.decode_group(benchmark, f"{template}-greedy-{shots}-freeform")
+    files = CellWorker()
+    items, _ = files.items(plan.items_path(benchmark))
+    pool, _ = files.items(plan.fewshot_path(benchmark))
+    config = Config(template, "greedy", shots, "freeform")
+    req = cell_requests(cfg, lm.tokenizer, load_task(benchmark), config, items, pool)
+    group = plan.decode_group(benchmark, config.id)
     levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    streams, _ = cells.group_streams(group, levels)
-    kw = dict(max_new_tokens=cfg.max_new_tokens(benchmark, template),
-              batch_size=cfg.data["generation"]["batch_size"])
-    return GroupCase(prompts, group, streams, levels, kw)
+    streams, _ = group_streams(group, levels)
+    kw = dict(max_new_tokens=req.max_new_tokens, batch_size=req.batch_size)
+    return GroupCase(req.prompts, group, streams, levels, kw)
 
 
 def group_cases(config_path: str, cases: list[str]):
     """For each ``"MODEL:BENCHMARK:TEMPLATE:SHOTS"`` in ``cases``: ``(case fields, lm,
     GroupCase)``, the model loaded as the worker loads it, one model in memory at a time
     (consecutive cases of one model share it)."""
-    from .. import cells
+    from ..cells import CellWorker
     from ..config import load_config
 
     cfg = load_config(config_path)
@@ -127,7 +111,7 @@ def group_cases(config_path: str, cases: list[str]):
         model, bench, template, shots = case.split(":")
         if model not in models:
             models.clear()
-            models[model] = cells.load_for_worker(config=config_path, model=model)
+            models[model] = CellWorker.load(config_path, model).lm
         lm = models[model]
         yield (model, bench, template, shots), lm, group_case(cfg, lm, bench, template, shots)
 

@@ -10,6 +10,8 @@ Public API::
     load_task(benchmark) -> Task            (cached)
     load_task_file(path) -> Task            (not cached; for edited copies)
     known_benchmarks() -> list[str]
+    parse_response(benchmark, text, item), parser_version(benchmark)
+    Task = TaskPrompts (prompt side, tasks/prompts.py) + parsing and scoring (tasks/task.py):
     Task.template_ids, Task.template_hash(tid), Task.scoring_paths, Task.parser_version
     Task.build_messages(item, tid, fewshot) -> [{"role", "content"}, ...]
     Task.logprob_request(item, tid, fewshot) -> (messages, candidates)
@@ -18,7 +20,24 @@ Public API::
 """
 
 from .loader import known_benchmarks, load_task, load_task_file, score_is_item_mean
+from .prompts import TaskPrompts
 from .scoring import ItemResult
 from .task import Task
 
-__all__ = ["ItemResult", "Task", "known_benchmarks", "load_task", "load_task_file", "score_is_item_mean"]
+
+def parse_response(benchmark: str, text: object, item: dict | None = None):
+    """Parse one free-form response of ``benchmark`` (a :class:`~safetyrepro.parsing.ParseResult`).
+    With ``item`` (a canonical item row), multiple-choice parsing is limited to that item's
+    letters and also recognises an answer given as an option's text. Never raises on any
+    ``text``."""
+    return load_task(benchmark).parse(text, item)
+
+
+def parser_version(benchmark: str) -> str:
+    """Content hash of the code and task-file sections that map ``benchmark``'s raw outputs
+    (free-form text or candidate log-likelihoods) to scored results."""
+    return load_task(benchmark).parser_version
+
+
+__all__ = ["ItemResult", "Task", "TaskPrompts", "known_benchmarks", "load_task", "load_task_file",
+           "parse_response", "parser_version", "score_is_item_mean"]

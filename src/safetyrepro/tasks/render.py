@@ -90,3 +90,26 @@ def choices_of(benchmark: str, item: dict) -> list[str]:
     if any(not c for c in out):
         raise item_error(benchmark, item, "'choices' holds an empty option")
     return out
+
+
+# ---- gold lookups: the answer an exemplar shows, and what scoring counts correct ----------
+def gold_index(task, item: dict, n_choices: int) -> int:
+    gold = item.get("gold")
+    try:
+        g = int(gold)
+    except (TypeError, ValueError):
+        raise item_error(task.benchmark, item, f"gold {gold!r} is not an option index") from None
+    if not 0 <= g < n_choices:
+        raise item_error(task.benchmark, item, f"gold {g} is outside its {n_choices} options")
+    return g
+
+
+def accepted_labels(task, item: dict) -> list[str]:
+    """The parsed labels counted correct for a label-task item (from its ``label``)."""
+    gold_map = task.content["answer"]["gold_map"]
+    label = item.get("label")
+    key = str(label).strip().lower() if label is not None else None
+    for k, accepted in gold_map.items():
+        if k.lower() == key:
+            return list(accepted)
+    raise item_error(task.benchmark, item, f"label {label!r} is not one of {sorted(gold_map)}")

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CellError
-from .render import choices_of, item_error, item_id, lookup
+from .render import accepted_labels, choices_of, gold_index, item_error, item_id, lookup
 
 if TYPE_CHECKING:  # pragma: no cover
     from .task import Task
@@ -58,28 +58,6 @@ class ItemResult:
             return cls(parsed_label=label if isinstance(label, str) else None,
                        parse_ok=bool(obj["parse_ok"]), correct=bool(obj["correct"]), chosen_index=idx)
         raise TypeError(f"cannot read an ItemResult from {type(obj).__name__}")
-
-
-def gold_index(task: "Task", item: dict, n_choices: int) -> int:
-    gold = item.get("gold")
-    try:
-        g = int(gold)
-    except (TypeError, ValueError):
-        raise item_error(task.benchmark, item, f"gold {gold!r} is not an option index") from None
-    if not 0 <= g < n_choices:
-        raise item_error(task.benchmark, item, f"gold {g} is outside its {n_choices} options")
-    return g
-
-
-def accepted_labels(task: "Task", item: dict) -> list[str]:
-    """The parsed labels counted correct for a label-task item (from its ``label``)."""
-    gold_map = task.content["answer"]["gold_map"]
-    label = item.get("label")
-    key = str(label).strip().lower() if label is not None else None
-    for k, accepted in gold_map.items():
-        if k.lower() == key:
-            return list(accepted)
-    raise item_error(task.benchmark, item, f"label {label!r} is not one of {sorted(gold_map)}")
 
 
 def _is_correct(task: "Task", item: dict, label: str | None) -> tuple[bool, int | None]:

@@ -10,8 +10,11 @@ from typing import Optional
 
 import typer
 
+from ..config import DEFAULTS
 from ..paths import resolve
 from .state import default_state_dir
+
+IDLE_TIMEOUT_S = float(DEFAULTS["runtime"]["worker_idle_timeout_s"])
 
 worker_app = typer.Typer(help="Persistent per-model worker processes (one per node and model).",
                          no_args_is_help=True)
@@ -28,7 +31,7 @@ def serve_cmd(
     key: str = typer.Option(..., help="resource key this worker serves"),
     loader: str = typer.Option(..., help="module:function returning the state (e.g. the model)"),
     loader_arg: str = typer.Option("{}", help="JSON object of keyword arguments for the loader"),
-    idle_timeout: float = typer.Option(120.0, help="exit after this many seconds without calls"),
+    idle_timeout: float = typer.Option(IDLE_TIMEOUT_S, help="exit after this many seconds without calls"),
     slots: int = typer.Option(1, help="how many workers may hold the device at once"),
     detach: bool = typer.Option(False, help="fork into the background once listening"),
     state_dir: Optional[Path] = typer.Option(None, help=STATE_DIR_HELP),

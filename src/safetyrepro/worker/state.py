@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 from .errors import WorkerError
 
 WORKERS_SUBDIR = ".workers"
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".json")  # provenance.SOURCE_SUFFIXES (stdlib-only here)
 STATE_DIR_ENV = "SAFETYREPRO_WORKER_DIR"
 EVENTS_FILE = "events.jsonl"
 # sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
@@ -97,8 +98,9 @@ def make_key(*parts: str) -> str:
 
 def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
     """A cheap fingerprint of the installed ``safetyrepro`` sources (path, size and mtime of
-    every .py file). A worker started before the code changed is replaced, so a shard is
-    never computed by stale code under a new code version."""
+    every .py file and every data file next to them: task YAMLs, JSON). A worker started
+    before the code or a task file changed is replaced, so a shard is never computed by stale
+    code or an old task file under a new code version."""
     root = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     stack = [root]
@@ -110,7 +112,7 @@ def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
                 for e in it:
                     if e.is_dir(follow_symlinks=False) and e.name != "__pycache__":
                         stack.append(Path(e.path))
-                    elif e.name.endswith(".py"):
+                    elif e.name.endswith(SOURCE_SUFFIXES):
                         st = e.stat()
                         entries.append(f"{e.path}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:

@@ -1,0 +1,95 @@
+"""The plan on its own (no model, no Snakemake): paths, variants, decode groups, priorities and
+fingerprints, including a config with one model configured as bf16."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from safetyrepro.config import load_config
+from safetyrepro.plan import SHARD_ROOTS, Plan
+from workflow_support import ROOT
+
+
+def _plan(tmp_path, models: dict[str, str], precision_check=True, seeds=None) -> Plan:
+    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    source = next(iter(cfg["models"].values()))["source"]
+    cfg["models"] = {m: {"display_name": m, "quantization": q, "source": source} for m, q in models.items()}
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    cfg["analysis"]["precision_check"] = precision_check
+    if seeds:
+        cfg["envelope"]["seeds"] = seeds
+    cfg["runtime"]["results_dir"] = str(tmp_path / "results")
+    path = tmp_path / f"c{len(list(tmp_path.glob('c*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return Plan(load_config(path))
+
+
+def test_one_bf16_model_gets_its_own_precision_check_cells(tmp_path):
+    plan = _plan(tmp_path, {"a": "nf4", "b": "bf16"})
+    assert plan.precision_check
+    assert [plan.quantization(m, v) for m in "ab" for v in SHARD_ROOTS] == ["nf4", "bf16", "bf16", "bf16"]
+    cell = "T1-greedy-k0-freeform"
+    # main: the greedy cell is decoded with the sampled decodings of its template and shots
+    assert plan.decode_group("bbq", cell, "main") == (("greedy", 1), ("t0.3", 5), ("t0.7", 5))
+    # bf16 (conservative_core has no sampled decoding): alone, so its own fingerprint
+    assert plan.decode_group("bbq", cell, "bf16") == (("greedy", 1),)
+    assert plan.cell_fingerprint("b", "bbq", cell, 0, "bf16") != plan.cell_fingerprint("b", "bbq", cell, 0, "main")
+    # logprob cells are their own group in both variants, and equal for the bf16 model
+    lp = "T1-greedy-k0-logprob"
+    assert plan.cell_fingerprint("b", "bbq", lp, 0, "bf16") == plan.cell_fingerprint("b", "bbq", lp, 0, "main")
+    assert plan.cell_fingerprint("a", "bbq", lp, 0, "bf16") != plan.cell_fingerprint("a", "bbq", lp, 0, "main")
+    jobs = plan.jobs("bf16")
+    assert {j.model for j in jobs} == {"a", "b"} and len(jobs) == 2 * 4 * 4  # 4 configs x 4 benchmarks
+    assert all(str(p).startswith(str(plan.results / "shards_bf16") + "/") for p in plan.shards("bf16"))
+    # one worker per (model, quantization): the bf16 model's variants share it
+    assert plan.worker_key("b", plan.quantization("b", "bf16")) == plan.worker_key("b", plan.quantization("b"))
+    assert plan.worker_key("a", "bf16") != plan.worker_key("a", "nf4")
+
+
+def test_precision_check_is_off_when_every_model_is_bf16(tmp_path):
+    assert not _plan(tmp_path, {"b": "bf16"}).precision_check
+    assert not _plan(tmp_path, {"a": "nf4"}, precision_check=False).precision_check
+
+
+def test_shard_paths_and_the_variant_of_a_shard_folder(tmp_path):
+    plan = _plan(tmp_path, {"a": "nf4"})
+    for variant, root in SHARD_ROOTS.items():
+        p = plan.shard_path("a", "bbq", "T1-greedy-k0-freeform", 3, variant)
+        assert p == plan.results / root / "a" / "bbq" / "T1-greedy-k0-freeform" / "s3.parquet"
+        assert plan.variant_of_shard_root(p.parts[-5]) == variant
+    with pytest.raises(ValueError, match="no shard folder"):
+        plan.variant_of_shard_root("shards_fp8")
+
+
+def test_priorities_keep_each_models_cells_together(tmp_path):
+    plan = _plan(tmp_path, {"a": "nf4", "b": "nf4", "c": "bf16"})
+    order = sorted(((m, v) for m in "abc" for v in SHARD_ROOTS),
+                   key=lambda mv: plan.cell_priority(*mv), reverse=True)
+    assert order == [(m, v) for m in "abc" for v in ("main", "bf16")]
+    assert len({plan.cell_priority(m, v) for m in "abc" for v in SHARD_ROOTS}) == 6
+
+
+def test_the_decode_group_is_in_the_fingerprint(tmp_path):
+    five, three = _plan(tmp_path, {"a": "nf4"}), _plan(tmp_path, {"a": "nf4"}, seeds=3)
+    greedy, logprob = "T2-greedy-k0-freeform", "T2-greedy-k0-logprob"
+    assert three.decode_group("bbq", greedy) == (("greedy", 1), ("t0.3", 3), ("t0.7", 3))
+    assert three.cell_fingerprint("a", "bbq", greedy, 0) != five.cell_fingerprint("a", "bbq", greedy, 0)
+    assert three.cell_fingerprint("a", "bbq", logprob, 0) == five.cell_fingerprint("a", "bbq", logprob, 0)
+    # crows_pairs is logprob-only: no free-form group exists there
+    assert five.decode_group("crows_pairs", "T1-greedy-k0-logprob") == (("greedy", 1),)
+
+
+def test_cell_code_group_covers_what_changes_outputs_only():
+    """A cell reruns when the code that computes its outputs changes; not for a shard
+    reader's message, model preparation, the CLI or the engine benchmark."""
+    from safetyrepro.provenance import CODE_GROUPS, source_files
+    from safetyrepro.shards import layout_hash
+
+    spec = CODE_GROUPS["cell"]
+    files = set(source_files(*spec["paths"], exclude=spec["exclude"]))
+    assert {"cells.py", "requests.py", "inference/generate.py", "models/load.py", "models/chat.py"} <= files
+    assert not files & {"shards.py", "models/prepare.py", "models/cli.py", "inference/bench.py", "aggregate.py"}
+    assert not any(f.startswith(("parsing/", "tasks/", "analysis/", "metrics/")) for f in files)
+    # the shard layout enters through its value, not the module's text
+    assert len(layout_hash()) == 64
