@@ -22,8 +22,10 @@ SLURM_PROFILE = PROFILES / "slurm"
 
 # The plugin's submission message, e.g.
 # "Job 1 has been submitted with SLURM jobid 2 (log: /w/.snakemake/slurm_logs/rule_cpu/2.log)."
+# A group job's log folder is group_<group>_<rules>, e.g. group_cells_m_shards_cell.
 _SUBMITTED = re.compile(
-    r"Job \d+ has been submitted with SLURM jobid (\d+) \(log: [^)]*/rule_([^/]+)/"
+    r"Job \S+ has been submitted with SLURM jobid (\d+) \(log: [^)]*/slurm_logs/"
+    r"(rule_[^/]+|group_[^/]+)/"
 )
 
 # A two-rule workflow: "gpu" consumes the output of "cpu", declares gpu=1 and its own memory;
@@ -121,6 +123,42 @@ def run_workflow(
     (300 s), which squeue polling requires. Successful jobs' Slurm logs are kept under
     ``workdir/.snakemake/slurm_logs`` for inspection.
     """
+    command = snakemake_command(workdir, configfile, extra_args, snakefile=snakefile,
+                                profile=profile, timeout_s=timeout_s,
+                                status_check_s=status_check_s)
+    proc = subprocess.run(
+        command,
+        cwd=workdir,
+        env=_submission_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout_s + 30,
+    )
+    return WorkflowRun(command, proc.returncode, proc.stdout, parse_submitted(proc.stdout))
+
+
+def start_workflow(workdir: Path, configfile: Path | None = None, extra_args: Sequence[str] = (),
+                   *, timeout_s: int = 300, status_check_s: int = 8) -> subprocess.Popen:
+    """:func:`run_workflow` in the background (stdout+stderr piped, text)."""
+    command = snakemake_command(workdir, configfile, extra_args, timeout_s=timeout_s,
+                                status_check_s=status_check_s)
+    return subprocess.Popen(command, cwd=workdir, env=_submission_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def snakemake_command(
+    workdir: Path,
+    configfile: Path | None = None,
+    extra_args: Sequence[str] = (),
+    *,
+    snakefile: Path | None = None,
+    profile: Path = SLURM_PROFILE,
+    timeout_s: int = 300,
+    status_check_s: int = 8,
+) -> list[str]:
+    """The README's cluster command (``snakemake --profile profiles/slurm --workflow-profile
+    none ... --configfile``) for ``workdir``, bounded by ``timeout``."""
     command = [
         # --foreground keeps timeout (and Snakemake) in pytest's process group, so stopping
         # the CI step's pytest also stops this run (Snakemake then cancels its Slurm jobs).
@@ -140,19 +178,17 @@ def run_workflow(
     command += list(extra_args)
     if configfile is not None:
         command += ["--configfile", str(configfile)]
-    proc = subprocess.run(
-        command,
-        cwd=workdir,
-        env=_submission_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout_s + 30,
-    )
+    return command
+
+
+def parse_submitted(output: str) -> dict[str, list[str]]:
+    """Slurm job ids by rule (``cpu``) or group job (``group_cells_m_shards_cell``), in
+    submission order, from Snakemake's output."""
     submitted: dict[str, list[str]] = {}
-    for job_id, rule in _SUBMITTED.findall(proc.stdout):
-        submitted.setdefault(rule, []).append(job_id)
-    return WorkflowRun(command, proc.returncode, proc.stdout, submitted)
+    for job_id, name in _SUBMITTED.findall(output):
+        name = name[len("rule_"):] if name.startswith("rule_") else name
+        submitted.setdefault(name, []).append(job_id)
+    return submitted
 
 
 def scontrol_job(job_id: str) -> dict[str, str]:
@@ -169,3 +205,11 @@ def scontrol_job(job_id: str) -> dict[str, str]:
         if sep:
             fields[key] = value
     return fields
+
+
+def scontrol_epoch(value: str) -> float:
+    """An scontrol time (``2026-12-02T07:36:40``, this machine's local time) in epoch s."""
+    import time
+    from datetime import datetime
+
+    return time.mktime(datetime.fromisoformat(value).timetuple())

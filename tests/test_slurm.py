@@ -4,17 +4,23 @@ Runs only in the CI step that started the cluster and set SAFETYREPRO_SLURM=1 (`
 deselects the marker; a plain `pytest` run lists it as skipped, with the reason).
 """
 
+import json
 import os
+import re
 import socket
 import subprocess
+import time
 
 import pytest
 
+from safetyrepro.worker.state import is_worker_process
 from slurm_helpers import (
     profile_settings,
     read_env_file,
     run_workflow,
+    scontrol_epoch,
     scontrol_job,
+    start_workflow,
     write_smoke_workflow,
 )
 
@@ -41,7 +47,8 @@ def test_cluster_is_up():
     name, state, gres = node.stdout.split()
     assert name == socket.gethostname().split(".")[0]
     assert state in {"idle", "mixed", "alloc"}, node.stdout
-    assert gres.startswith("gpu:1"), node.stdout
+    # two fake GPUs: two group jobs can run at once
+    assert gres.startswith("gpu:2"), node.stdout
 
 
 def test_smoke_workflow_runs_through_slurm(tmp_path):
@@ -91,48 +98,199 @@ def test_smoke_workflow_runs_through_slurm(tmp_path):
     assert "Nothing to be done" in again.output, again.describe()
 
 
-def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
-    """The project's own workflow on a micro config (SmolLM2 fp32 vs NF4, XSTest, 2 items, T1,
-    greedy, 0 shots, both scoring paths): every job is a Slurm job, cells request the GPU."""
-    import pyarrow.parquet as pq
+# ---- the project's workflow on the cluster -----------------------------------------------
+
+CELL_MEM_MB = 2500
+CELL_MINUTES = 5     # generous: CI's 2 cores are shared, an NF4 load alone can take 90 s
+# The tiny config on a micro envelope (T1, greedy, 0 and 3 shots, both scoring paths: 4 cells
+# per model on XSTest with 2 items), so a cluster run fits CI's 2 shared cores.
+MICRO_ENVELOPE = {
+    "rules_version": 1,
+    "axes": {"template": [{"id": "T1", "name": "minimal", "tier": "core"}],
+             "decoding": [{"id": "greedy", "temperature": 0.0, "sampled": False, "tier": "core"}],
+             "shots": [{"id": "k0", "n": 0, "tier": "core"}, {"id": "k3", "n": 3, "tier": "core"}],
+             "scoring": [{"id": "freeform", "tier": "core"}, {"id": "logprob", "tier": "core"}]},
+    "seeds": {"sampled": 1, "deterministic": 1}, "validity": [],
+    "sub_envelopes": {"full": {}, "conservative_core": {"include": {"scoring": ["freeform"]}}},
+    "benchmarks": ["xstest"],
+}
+CELLS_PER_MODEL = 4
+
+
+def _tiny_project(dest):
+    """A copy of the project with the tiny config (2 models = SmolLM2 fp32 and NF4) on the
+    micro envelope, and small cluster resources for the 2-CPU CI node."""
     import yaml
 
-    from safetyrepro.shards import read_shard
     from workflow_support import make_project_copy
 
-    env_rules = {
-        "rules_version": 1,
-        "axes": {"template": [{"id": "T1", "name": "minimal", "tier": "core"}],
-                 "decoding": [{"id": "greedy", "temperature": 0.0, "sampled": False, "tier": "core"}],
-                 "shots": [{"id": "k0", "n": 0, "tier": "core"}],
-                 "scoring": [{"id": "freeform", "tier": "core"}, {"id": "logprob", "tier": "core"}]},
-        "seeds": {"sampled": 1, "deterministic": 1}, "validity": [],
-        "sub_envelopes": {"full": {}, "conservative_core": {"include": {"scoring": ["freeform"]}}},
-        "benchmarks": ["xstest"],
-    }
-    project, config = make_project_copy(tmp_path / "p", {
+    project, config = make_project_copy(dest, {
         "benchmarks": {"xstest": {"n_items": 2}},
         "envelope": {"rules": "tests/configs/envelope_micro.yaml", "name": "full"},
         "analysis": {"precision_check": False},
     })
-    (project / "tests" / "configs" / "envelope_micro.yaml").write_text(yaml.safe_dump(env_rules))
+    (project / "tests" / "configs" / "envelope_micro.yaml").write_text(yaml.safe_dump(MICRO_ENVELOPE))
+    cfg = yaml.safe_load(config.read_text())
+    cfg["runtime"]["cluster"] = {"mem_mb": CELL_MEM_MB, "cell_minutes": CELL_MINUTES}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return project, config
+
+
+def _group_jobs(run):
+    """{(model, shards folder): [Slurm job ids]} of the cell group jobs a run submitted."""
+    out = {}
+    for name, ids in run.submitted.items():
+        m = re.fullmatch(r"group_cells_(.+)_(shards(?:_bf16)?)_cell", name)
+        if m:
+            out.setdefault((m.group(1), m.group(2)), []).extend(ids)
+    return out
+
+
+def _events(results):
+    from safetyrepro.worker.events import event_files, read_events
+
+    return read_events(event_files(results))[0]
+
+
+def _shards(results):
+    return {p: p.stat().st_mtime_ns for p in sorted(results.glob("shards*/**/*.parquet"))}
+
+
+def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monkeypatch):
+    """The README's cluster command on the tiny config: cells run in group jobs (one model and
+    variant each, --group-components 2), each group job asks for one GPU, the model's memory
+    and the sum of its cells' minutes, starts exactly one worker, which is gone when the job
+    ends; group jobs of different models run at once on the two GPUs, each with its own worker;
+    the run ends printing loads per worker key = group jobs."""
+    import pyarrow.parquet as pq
+
+    project, config = _tiny_project(tmp_path / "p")
     monkeypatch.setenv("PYTHONPATH", str(project / "src"))
-    run = run_workflow(project, config, ["results/tables/rho_flip.parquet"], timeout_s=600)
+    results = project / "results"
+    t0 = time.time()
+    run = run_workflow(project, config, ["results/tables/cell_scores.parquet",
+                                         "--group-components", "cells_{model}_{shards}=2"],
+                       timeout_s=900)
+    wall = time.time() - t0
     assert run.returncode == 0, run.describe()
-    cell_jobs = {rule: ids for rule, ids in run.submitted.items() if rule == "cell"}
-    assert sum(len(v) for v in cell_jobs.values()) == 4, run.describe()
-    for ids in cell_jobs.values():
+
+    groups = _group_jobs(run)
+    # 4 cells per model in groups of 2
+    assert {k: len(v) for k, v in groups.items()} == {
+        ("smol-fp32", "shards"): 2, ("smol-nf4", "shards"): 2}, run.describe()
+    assert "cell" not in run.submitted, "a cell ran outside a group"
+    shards = _shards(results)
+    assert len(shards) == 2 * CELLS_PER_MODEL
+
+    events = _events(results)
+    jobs = {}
+    for (model, folder), ids in groups.items():
         for job_id in ids:
             job = scontrol_job(job_id)
-            assert job["JobState"] == "COMPLETED" and "gpu" in job.get("TresPerJob", ""), job
-    shards = sorted((project / "results" / "shards").rglob("*.parquet"))
-    assert len(shards) == 4
-    for s in shards:
-        table, meta = read_shard(s)
-        assert table.num_rows == 2 and meta.benchmark == "xstest"
-    rho = pq.read_table(project / "results" / "tables" / "rho_flip.parquet").to_pandas()
-    assert len(rho) == 1 and rho["n_configs"].iloc[0] == 2
-    from safetyrepro.worker.client import stop_workers
-    from safetyrepro.worker.state import default_state_dir
+            assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", job
+            # resources of a group job: one GPU, the model's memory, the sum of its cells'
+            # minutes
+            assert job["TresPerJob"] == "gres:gpu:1", job
+            assert job["MinMemoryNode"] == f"{CELL_MEM_MB}M", job
+            jobs[job_id] = (model, folder, job)
+    n_cells = {j: 0 for j in jobs}
+    for job_id, (model, folder, job) in jobs.items():
+        mine = [e for e in events if e.get("allocation") == f"slurm{job_id}"]
+        loads = [e for e in mine if e["event"] == "load" and e.get("ok")]
+        # exactly one worker, loaded once, for this job's model and variant
+        assert len(loads) == 1, (job_id, mine)
+        quant = "fp32" if model == "smol-fp32" else "nf4"
+        assert loads[0]["key"].startswith(f"{model}.{quant}."), loads
+        pids = {e["pid"] for e in mine}
+        assert len(pids) == 1, mine
+        pid = pids.pop()
+        calls = [e for e in mine if e["event"] == "call"]
+        n_cells[job_id] = len(calls)
+        assert f"{len(calls) * CELL_MINUTES:02d}:00" in job["TimeLimit"], (job, len(calls))
+        # the worker is gone, and it exited before its job ended
+        exits = [e for e in mine if e["event"] == "exit"]
+        assert len(exits) == 1, mine
+        assert exits[0]["t"] <= scontrol_epoch(job["EndTime"]) + 1, (exits, job)
+        assert not is_worker_process(pid), f"worker {pid} of job {job_id} still runs"
+    assert sum(n_cells.values()) == len(shards)
 
-    stop_workers(default_state_dir(project / "results"))
+    # two group jobs of different models ran at the same time, on different GPUs, each with
+    # its own worker (distinct pid, its own allocation's state dir)
+    overlapping = [
+        (a, b) for a in jobs for b in jobs
+        if a < b and jobs[a][0] != jobs[b][0]
+        and scontrol_epoch(jobs[a][2]["StartTime"]) < scontrol_epoch(jobs[b][2]["EndTime"])
+        and scontrol_epoch(jobs[b][2]["StartTime"]) < scontrol_epoch(jobs[a][2]["EndTime"])
+    ]
+    assert overlapping, {j: (m, job["StartTime"], job["EndTime"]) for j, (m, f, job) in jobs.items()}
+    for a, b in overlapping:
+        pa = {e["pid"] for e in events if e.get("allocation") == f"slurm{a}"}
+        pb = {e["pid"] for e in events if e.get("allocation") == f"slurm{b}"}
+        assert pa and pb and not pa & pb
+
+    # the end-of-run summary: loads per worker key = group jobs of that model and variant
+    summary = json.loads((results / "logs" / "run_summary.json").read_text())
+    loads = {key: e["loads"] for key, e in summary["keys"].items()}
+    for (model, folder), ids in groups.items():
+        quant = "fp32" if model == "smol-fp32" else "nf4"
+        [key] = [k for k in loads if k.startswith(f"{model}.{quant}.")]
+        assert loads[key] == len(ids), (loads, groups)
+    assert "model loads and loading share" in run.output
+    print(f"\ncluster run (tiny config, micro envelope): wall {wall:.0f} s; group jobs "
+          f"{ {f'{m}/{f}': len(v) for (m, f), v in groups.items()} }; loads {loads}")
+    scores = pq.read_table(results / "tables" / "cell_scores.parquet")
+    assert scores.num_rows > 0
+
+
+def test_cancelled_group_job_loses_no_shard_and_reruns_its_cells(tmp_path, monkeypatch):
+    """scancel of a running group job mid-run: its worker exits with it (the owner watch, no
+    cgroups here), the shards it finished stay, and the next invocation runs its missing
+    cells (and only those) in new group jobs."""
+    project, config = _tiny_project(tmp_path / "p")
+    monkeypatch.setenv("PYTHONPATH", str(project / "src"))
+    results = project / "results"
+    target = ["results/tables/cell_scores.parquet"]
+    target += ["--group-components", "cells_{model}_{shards}=4"]
+    proc = start_workflow(project, config, target, timeout_s=600)
+    victim = None
+    try:
+        deadline = time.time() + 400
+        while victim is None and time.time() < deadline and proc.poll() is None:
+            time.sleep(1)
+            done = list((results / "shards" / "smol-fp32").rglob("*.parquet"))
+            if len(done) >= 1:
+                starts = [e for e in _events(results) if e["event"] == "start"
+                          and e["key"].startswith("smol-fp32.") and e.get("allocation")]
+                if starts:
+                    victim = starts[0]
+        assert victim is not None, "no smol-fp32 group job finished a cell in time"
+        job_id = victim["allocation"].removeprefix("slurm")
+        subprocess.run(["scancel", job_id], check=True, timeout=30)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0, out
+    before = _shards(results)
+    # the cancelled job's worker is gone soon after (it has no cgroup to die with)
+    end = time.time() + 60
+    while is_worker_process(victim["pid"]) and time.time() < end:
+        time.sleep(0.2)
+    assert not is_worker_process(victim["pid"]), f"worker {victim['pid']} outlived job {job_id}"
+    cancelled = scontrol_job(job_id)
+    assert cancelled["JobState"] == "CANCELLED", cancelled
+    missing_fp32 = CELLS_PER_MODEL - len([p for p in before if "/smol-fp32/" in str(p)])
+    assert missing_fp32 > 0, "the cancelled job had already finished every cell"
+
+    again = run_workflow(project, config, target, timeout_s=600)
+    assert again.returncode == 0, again.describe()
+    after = _shards(results)
+    # nothing finished was lost or recomputed; every cell is there now
+    assert {p: after.get(p) for p in before} == before
+    assert len(after) == 2 * CELLS_PER_MODEL
+    groups = _group_jobs(again)
+    assert ("smol-fp32", "shards") in groups, again.describe()
+    new_calls = [e for e in _events(results) if e["event"] == "call"
+                 and e.get("allocation") in {f"slurm{j}" for j in groups[("smol-fp32", "shards")]}]
+    assert len(new_calls) == missing_fp32

@@ -51,9 +51,10 @@ def _job_blocks(text):
     import re
 
     blocks = []
-    for m in re.finditer(r"^rule ([\w.-]+):\n((?:    .*\n)+)", text, flags=re.M):
-        fields = dict(line.strip().split(": ", 1) for line in m.group(2).splitlines() if ": " in line)
-        blocks.append((m.group(1), fields))
+    # a cell job inside a group job (dry runs show the cluster grouping) is indented by 4
+    for m in re.finditer(r"^( *)rule ([\w.-]+):\n((?:\1    .*\n)+)", text, flags=re.M):
+        fields = dict(line.strip().split(": ", 1) for line in m.group(3).splitlines() if ": " in line)
+        blocks.append((m.group(2), fields))
     return blocks
 
 

@@ -49,7 +49,7 @@ start=$(date +%s)
 # The tests marked slurm skip themselves unless this is set (only here, after up.sh succeeded).
 export SAFETYREPRO_SLURM=1
 # shellcheck disable=SC2086
-bounded 900 "$PY" -m pytest ${PYTEST_ARGS:--q} -m slurm
+bounded 1800 "$PY" -m pytest ${PYTEST_ARGS:--q} -m slurm
 rc=$?
 echo "slurm test: pytest -m slurm finished in $(( $(date +%s) - start )) s (exit $rc)"
 if [ "$rc" = 5 ]; then

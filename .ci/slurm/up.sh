@@ -16,7 +16,8 @@
 #   inner srun's environment;
 # - no accounting database, so the profile polls with squeue; MinJobAge (300 s) keeps finished
 #   jobs visible to squeue long enough;
-# - the fake GPU is a gres with File=/dev/null (without File= the node goes INVAL);
+# - the two fake GPUs are gres with File=/dev/null and /dev/zero (without File= the node goes
+#   INVAL);
 # - no cgroups: linuxproc process tracking, no task plugin.
 set -euo pipefail
 
@@ -99,13 +100,15 @@ DefMemPerCPU=1000
 MinJobAge=300
 ReturnToService=2
 GresTypes=gpu
-NodeName=$HOST $NODE_TOPOLOGY RealMemory=$REAL_MEM Gres=gpu:1 State=UNKNOWN
+NodeName=$HOST $NODE_TOPOLOGY RealMemory=$REAL_MEM Gres=gpu:2 State=UNKNOWN
 PartitionName=ci Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 EOF
 cat >"$NEW_GRES" <<EOF
 $MARKER
-# A fake GPU: Slurm needs a device file, any file will do.
+# Two fake GPUs, so two group jobs can run at once: Slurm needs a device file per GPU, any
+# existing file will do.
 NodeName=$HOST Name=gpu File=/dev/null
+NodeName=$HOST Name=gpu File=/dev/zero
 EOF
 
 for f in "$SLURM_CONF_PATH" "$GRES_CONF_PATH"; do
@@ -199,5 +202,5 @@ while :; do
     fi
     sleep 1
 done
-echo "slurm up: node $HOST is idle (partition ci, 1 fake GPU); state and logs in $STATE"
+echo "slurm up: node $HOST is idle (partition ci, 2 fake GPUs); state and logs in $STATE"
 sinfo -N -o '%N %P %t %c %m %G'

@@ -136,6 +136,13 @@ class Plan:
     def worker_idle_timeout(self) -> float:
         return float(self.cfg.section("runtime")["worker_idle_timeout_s"])  # default: config.DEFAULTS
 
+    def cluster_resources(self, model: str) -> dict[str, int]:
+        """``mem_mb`` and ``cell_minutes`` of a model's cell jobs on a cluster: the model's
+        ``cluster`` settings over ``runtime.cluster``. In a group job every cell is one
+        layer (one GPU each, see profiles/slurm), so the job asks for the largest ``mem_mb``
+        and the sum of its cells' minutes."""
+        return {**self.cfg.section("runtime")["cluster"], **self.cfg.model(model).get("cluster", {})}
+
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, model source): a changed source loads afresh."""
         from .worker.state import make_key

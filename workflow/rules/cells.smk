@@ -5,6 +5,20 @@
 # loaded about once per run. Each job is a thin client of the persistent per-model worker
 # (see safetyrepro.worker) that holds the weights; it passes the worker everything the
 # cell reads (config, variant, item and few-shot files) as arguments.
+#
+# On a cluster (profiles/slurm) the cells of one model and variant form the group
+# `cells_{model}_{shards}`; --group-components there packs that many cells into one Slurm
+# job. `gpu` is scoped `local` in the profile, so each cell is its own layer: a group job asks
+# for one GPU, the model's mem_mb and the sum of its cells' minutes (docs/SLURM.md). Inside
+# the job (remote_exec) the cells are local jobs of the job's own Snakemake process, not a
+# job step each: so the worker the first cell starts stays in the batch step, whose life is
+# the job's (with cgroup process tracking a step's leftover processes die with the step).
+# Local runs ignore groups (dry runs show them).
+CELL_GROUP = None if workflow.remote_exec else "cells_{model}_{shards}"
+if workflow.remote_exec:
+
+    localrules:
+        cell,
 
 
 rule cell:
@@ -19,11 +33,14 @@ rule cell:
     wildcard_constraints:
         shards="|".join(SHARD_ROOTS.values()),
     priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
+    group:
+        CELL_GROUP
     conda:
         ENV
     resources:
         gpu=1,
-        mem_mb=4000,
+        mem_mb=lambda w: PLAN.cluster_resources(w.model)["mem_mb"],
+        runtime=lambda w: PLAN.cluster_resources(w.model)["cell_minutes"],
     params:
         config=CONFIG,
         variant=cell_variant,

@@ -35,6 +35,13 @@ except SafetyReproError as exc:
 PLAN = Plan(RUN)
 RUN_T0 = time.time()
 
+if workflow.remote_exec:
+    # In a cluster job (e.g. a group of cells): the job's first Snakemake process owns the
+    # workers its cells start, and stops them before the job ends (no hooks run there).
+    from safetyrepro.worker.client import own_allocation_workers
+
+    own_allocation_workers(PLAN.worker_state_root)
+
 
 def rel(path):
     """Paths under the working directory are given relative to it, so targets such as

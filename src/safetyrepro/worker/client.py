@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
 from .protocol import PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message, recv_message, send_frame
-from .state import (FileLock, WorkerPaths, is_worker_process, list_pid_files, lock_is_held,
+from .state import (FileLock, WorkerPaths, allocation_owner, is_worker_process, list_pid_files, lock_is_held,
                     log_tail, pid_alive, read_holder, read_pid_file, remove_if_owned, spec_hash)
 
 DEFAULT_IDLE_TIMEOUT = 120.0
@@ -123,6 +123,9 @@ def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle
            "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
            "--loader-arg", json.dumps(loader_args, sort_keys=True),
            "--idle-timeout", repr(float(idle_timeout)), "--slots", str(int(slots)), "--detach"]
+    owner = allocation_owner()
+    if owner is not None:         # in a cluster job: the worker ends with the job's process
+        cmd += ["--owner", owner]
     with open(paths.log, "ab") as logf:
         logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} client pid {os.getpid()} starts "
                    f"a worker for {paths.key}\n".encode())
@@ -405,3 +408,21 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
         except (ValueError, TypeError):
             pass
     return list(targets.values())
+
+
+def own_allocation_workers(state_root: str | os.PathLike) -> bool:
+    """Inside a cluster job: if this process is the first of the job to ask (see
+    :func:`state.claim_allocation_owner`), the workers that the job's cells start on this node
+    belong to it: they exit when it is gone, and at its exit it stops them and waits for them
+    (``<state_root>/<host>.<allocation>``), so no worker outlives the job. Called when the
+    workflow is loaded in a cluster job. Returns whether this process became the owner."""
+    import atexit
+
+    from .state import claim_allocation_owner, node_state_dir
+
+    if not claim_allocation_owner():
+        return False
+    # a worker still in a call gets 10 s to finish it, then SIGKILL (its shard is written
+    # atomically; the cell reruns next time)
+    atexit.register(stop_workers, node_state_dir(state_root), None, 10.0)
+    return True

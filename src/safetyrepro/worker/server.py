@@ -15,6 +15,9 @@ one at a time in arrival order, as ``target(state, **kwargs)`` in its main threa
   the device lock goes with the process. Queued calls are answered ``retry`` instead (their
   clients start a fresh worker) when the worker has not loaded yet or the error was fatal.
 * Queued calls whose client has gone away (killed job) are skipped.
+* A worker with an *owner* (``"PID:START"``, the process that bounds a cluster job's use of
+  it; see :func:`state.allocation_owner`) exits when that process is gone: at once if idle,
+  after :data:`OWNER_GRACE_S` if a call is still running (its client went with the job).
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from ..errors import SafetyReproError
 from .events import append_event
 from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message,
                        recv_message, send_frame, send_message)
-from .state import (FileLock, WorkerPaths, hostname, read_holder, remove_if_owned, spec_hash,
-                    write_json_atomic)
+from .state import (FileLock, WorkerPaths, allocation_id, hostname, owner_alive, read_holder,
+                    remove_if_owned, spec_hash, write_json_atomic)
 
 log = logging.getLogger("safetyrepro.worker")
 
@@ -48,6 +51,8 @@ EXIT_ALREADY_RUNNING = 3
 REQUEST_READ_TIMEOUT = 60.0
 DEVICE_POLL_S = 0.1
 DEVICE_LOG_EVERY_S = 30.0
+OWNER_POLL_S = 0.5
+OWNER_GRACE_S = 2.0
 
 
 def resolve_callable(spec: str) -> Callable[..., Any]:
@@ -134,7 +139,8 @@ class Worker:
     """One worker process's server. Use :func:`serve` to run one."""
 
     def __init__(self, paths: WorkerPaths, key_lock: FileLock, loader: str,
-                 loader_args: dict[str, Any], idle_timeout: float, slots: int = 1):
+                 loader_args: dict[str, Any], idle_timeout: float, slots: int = 1,
+                 owner: str | None = None):
         if not isinstance(loader_args, dict):
             raise ValueError(f"loader args must be a JSON object, got {type(loader_args).__name__}")
         if idle_timeout <= 0:
@@ -147,6 +153,10 @@ class Worker:
         self.loader_args = loader_args
         self.idle_timeout = float(idle_timeout)
         self.slots = int(slots)
+        if owner is not None and not owner_alive(owner):
+            raise ValueError(f"owner process {owner} is not running")
+        self.owner = owner
+        self.allocation = allocation_id()
         self.spec = spec_hash(loader, loader_args)
         self.pid = os.getpid()
         self.host = hostname()
@@ -173,6 +183,8 @@ class Worker:
     def _event(self, event: str, **fields: Any) -> None:
         rec = {"event": event, "key": self.key, "pid": self.pid, "host": self.host,
                "t": time.time(), **fields}
+        if self.allocation:
+            rec["allocation"] = self.allocation
         try:
             append_event(self.paths.events, rec)
         except OSError as exc:
@@ -305,12 +317,36 @@ class Worker:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
+    # ---- owner watch ------------------------------------------------------------------
+    def _watch_owner(self) -> None:
+        """Drain once the owner is gone; if a call still runs after OWNER_GRACE_S, exit
+        anyway (nobody is left to receive its answer, and shards are written atomically)."""
+        assert self.owner is not None
+        while owner_alive(self.owner):
+            time.sleep(OWNER_POLL_S)
+        reason = f"owner process {self.owner.split(':')[0]} exited"
+        self.request_drain(reason)
+        time.sleep(OWNER_GRACE_S)
+        with self._cond:
+            busy = self._current is not None or self._phase == "loading"
+            label = (self._current.label or self._current.target) if self._current else self._phase
+        if not busy:
+            return                # the main thread finishes the normal way
+        log.warning("%s while %s was running: exiting without finishing it", reason, label)
+        self._event("exit", reason=reason, code=EXIT_FAILED, n_calls=self._n_calls,
+                    uptime_s=round(time.time() - self._started, 3), abandoned=label)
+        remove_if_owned(self.paths.pid, self.pid)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FAILED)
+
     # ---- main thread ------------------------------------------------------------------
     def _write_pid_file(self) -> None:
         write_json_atomic(self.paths.pid, {
             "pid": self.pid, "key": self.key, "host": self.host, "sock": str(self.paths.sock),
             "spec": self.spec, "loader": self.loader, "started": self._started,
-            "idle_timeout": self.idle_timeout, "slots": self.slots})
+            "idle_timeout": self.idle_timeout, "slots": self.slots,
+            "allocation": self.allocation, "owner": self.owner})
         self._key_lock.write_holder({"pid": self.pid, "key": self.key, "host": self.host})
 
     def _acquire_device(self) -> bool:
@@ -492,6 +528,8 @@ class Worker:
             on_ready()
         self._acceptor = threading.Thread(target=self._accept_loop, name="accept", daemon=True)
         self._acceptor.start()
+        if self.owner is not None:
+            threading.Thread(target=self._watch_owner, name="owner", daemon=True).start()
         code, reason = EXIT_OK, "exit"
         try:
             if not self._acquire_device():
@@ -522,7 +560,8 @@ def _setup_logging() -> None:
 
 
 def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict[str, Any],
-          idle_timeout: float, slots: int = 1, detach: bool = False) -> int:
+          idle_timeout: float, slots: int = 1, detach: bool = False,
+          owner: str | None = None) -> int:
     """Run a worker for ``key``; returns the exit status.
 
     With ``detach`` the calling process forks: the child (in a new session) becomes the
@@ -535,7 +574,7 @@ def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict
     if not key_lock.acquire(timeout=2.0):
         log.error("a worker for %s is already running: %s", key, read_holder(paths.key_lock))
         return EXIT_ALREADY_RUNNING
-    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots)  # validates
+    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots, owner)  # validates
     ready_fd: int | None = None
     if detach:
         r, w = os.pipe()

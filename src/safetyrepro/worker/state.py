@@ -57,10 +57,24 @@ def state_root(results_dir: str | os.PathLike) -> Path:
     return Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
 
 
-def node_state_dir(root: str | os.PathLike, host: str | None = None) -> Path:
-    """``<root>/<host>``: the host level matters on clusters whose nodes share the results
-    filesystem (workers, sockets and locks are per node), so a job resolves it where it runs."""
-    return Path(root) / (host or hostname())
+def allocation_id(env: dict[str, str] | None = None) -> str | None:
+    """``slurm<jobid>`` inside a Slurm allocation (``SLURM_JOB_ID``; every step and every
+    process of a job sees the same value), else None."""
+    job = (os.environ if env is None else env).get("SLURM_JOB_ID", "")
+    return f"slurm{job}" if job.isdigit() else None
+
+
+def node_state_dir(root: str | os.PathLike, host: str | None = None,
+                   allocation: str | None = "auto") -> Path:
+    """``<root>/<host>``, or ``<root>/<host>.<allocation>`` inside a cluster allocation (see
+    :func:`allocation_id`). The host level matters on clusters whose nodes share the results
+    filesystem (workers, sockets and locks are per node), so a job resolves it where it runs;
+    the allocation level keeps a worker inside the Slurm job that started it: it never serves,
+    waits for or stops the workers of another job on the same node (each job has its own
+    GPU), and the job can stop all of its own workers before it ends."""
+    alloc = allocation_id() if allocation == "auto" else allocation
+    name = host or hostname()
+    return Path(root) / (f"{name}.{alloc}" if alloc else name)
 
 
 def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
@@ -141,7 +155,9 @@ class WorkerPaths:
 def socket_path(state_dir: Path, key: str) -> Path:
     """``<state_dir>/<key>.sock``, or ``/tmp/safetyrepro-<uid>/<hash>.sock`` when that is too
     long for AF_UNIX. The hash covers the full intended path, so every process computes the
-    same name; the worker records the one it uses in its pid file."""
+    same name; the worker records the one it uses in its pid file. The fallback is always
+    under /tmp, never ``$TMPDIR``: clusters set TMPDIR per job (and per step), and every
+    process of a job on a node must find the same socket."""
     wanted = Path(state_dir) / f"{key}.sock"
     if len(os.fsencode(str(wanted))) <= MAX_SOCKET_PATH:
         return wanted
@@ -149,14 +165,27 @@ def socket_path(state_dir: Path, key: str) -> Path:
     return short_socket_dir() / f"{digest}.sock"
 
 
-def short_socket_dir() -> Path:
-    import tempfile
+SHORT_SOCKET_PARENT = "/tmp"
 
-    d = Path(tempfile.gettempdir()) / f"safetyrepro-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    if len(os.fsencode(str(d))) > MAX_SOCKET_PATH - 30:
-        d = Path("/tmp") / f"safetyrepro-{os.getuid()}"
-        d.mkdir(mode=0o700, exist_ok=True)
+
+def short_socket_dir() -> Path:
+    """``/tmp/safetyrepro-<uid>``, created 0700; refused (WorkerError naming the path and its
+    owner) if it is a symlink, not a directory, owned by another user or open to others."""
+    import stat
+
+    uid = os.getuid()
+    d = Path(SHORT_SOCKET_PARENT) / f"safetyrepro-{uid}"
+    try:
+        d.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else (
+            "not a directory" if not stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode & 0o777:o}")
+        raise WorkerError(f"{d}: refusing to use it for worker sockets: {kind}, owner uid "
+                          f"{st.st_uid} (expected a directory of uid {uid} with mode 700); "
+                          "remove it or set a shorter results_dir")
     return d
 
 
@@ -279,6 +308,59 @@ def is_worker_process(pid: int, key: str | None = None) -> bool:
     if b"safetyrepro.worker" not in argv and not any(a.endswith(b"safetyrepro") for a in argv):
         return False
     return key is None or key.encode() in argv
+
+
+def process_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), which
+    tells a process from a later one that reused its pid; None if it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+OWNER_ENV = "SAFETYREPRO_JOB_OWNER"
+
+
+def claim_allocation_owner() -> bool:
+    """Inside a Slurm job: make this process the owner of the job's workers on this node,
+    unless a live process of the same job and node already is (its claim is inherited in
+    ``$SAFETYREPRO_JOB_OWNER``). The first Snakemake process of a group job (the batch step's,
+    which runs each cell as a job step of its own) claims it; its job steps and their cell
+    clients inherit the claim, and a worker they start exits when the owner is gone. Returns
+    whether this process claimed it (and so should stop the job's workers when it exits)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit() or not Path("/proc/self").exists():
+        return False
+    if allocation_owner() is not None:
+        return False
+    start = process_start_time(os.getpid())
+    if start is None:
+        return False
+    os.environ[OWNER_ENV] = f"{job}:{hostname()}:{os.getpid()}:{start}"
+    return True
+
+
+def allocation_owner() -> str | None:
+    """``"PID:START"`` of this job's owner process on this node (see
+    :func:`claim_allocation_owner`) if it is alive, else None (also outside Slurm jobs)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    parts = os.environ.get(OWNER_ENV, "").split(":")
+    if not job.isdigit() or len(parts) != 4 or parts[0] != job or parts[1] != hostname():
+        return None
+    owner = f"{parts[2]}:{parts[3]}"
+    try:
+        return owner if owner_alive(owner) else None
+    except ValueError:
+        return None
+
+
+def owner_alive(owner: str) -> bool:
+    """Whether the process ``"PID:START"`` (from :func:`allocation_owner`) still runs."""
+    pid_s, _, start_s = owner.partition(":")
+    pid = int(pid_s)
+    return pid_alive(pid) and str(process_start_time(pid)) == start_s
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:

@@ -1,0 +1,136 @@
+"""A worker inside a cluster allocation: its state folder carries the Slurm job id, its socket
+does not depend on $TMPDIR, and it ends with the process that owns the job's workers (real
+worker processes with the tiny loader of tests/worker_targets.py; Slurm is simulated by
+SLURM_JOB_ID, the real cluster runs are in test_slurm.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from safetyrepro.worker import stop_workers
+from safetyrepro.worker.errors import WorkerError
+from safetyrepro.worker.events import read_events
+from safetyrepro.worker.state import (OWNER_ENV, WorkerPaths, allocation_owner, hostname,
+                                      is_worker_process, node_state_dir, read_pid_file)
+import safetyrepro.worker.state as state
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
+
+
+def test_state_dir_is_per_allocation(monkeypatch, tmp_path):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert node_state_dir(tmp_path) == tmp_path / hostname()
+    monkeypatch.setenv("SLURM_JOB_ID", "4711")
+    assert node_state_dir(tmp_path) == tmp_path / f"{hostname()}.slurm4711"
+    assert node_state_dir(tmp_path, host="n7") == tmp_path / "n7.slurm4711"
+
+
+def test_long_socket_path_does_not_depend_on_tmpdir(monkeypatch, tmp_path):
+    deep = tmp_path / ("x" * 60) / "results" / ".workers" / "node.slurm123456"
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "job1"))
+    first = WorkerPaths(deep, "smol-nf4.nf4.93b3b645beb4").sock
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "job2"))
+    second = WorkerPaths(deep, "smol-nf4.nf4.93b3b645beb4").sock
+    assert first == second
+    assert first.parent == Path(f"/tmp/safetyrepro-{os.getuid()}")
+    assert len(os.fsencode(str(first))) <= state.MAX_SOCKET_PATH
+
+
+@pytest.mark.parametrize("kind", ["symlink", "open_mode"])
+def test_foreign_or_open_socket_dir_is_refused(monkeypatch, tmp_path, kind):
+    monkeypatch.setattr(state, "SHORT_SOCKET_PARENT", str(tmp_path))
+    d = tmp_path / f"safetyrepro-{os.getuid()}"
+    if kind == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "elsewhere")
+    else:
+        d.mkdir()
+        d.chmod(0o755)
+    with pytest.raises(WorkerError, match=f"{d}: refusing") as err:
+        state.short_socket_dir()
+    assert ("a symlink" if kind == "symlink" else "mode 755") in str(err.value)
+
+
+OWNER_SCRIPT = """
+import os, sys, threading, time
+os.environ["SLURM_JOB_ID"] = "424242"
+from safetyrepro.worker.state import claim_allocation_owner
+assert claim_allocation_owner()
+from safetyrepro.worker import run_in_worker
+state_dir, target, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+def go():
+    run_in_worker(state_dir, "m1", "worker_targets:load", {"tag": "m1", "delay": 0.1},
+                  "worker_targets:" + target, {"seconds": seconds} if target == "sleep" else {},
+                  env=dict(os.environ), idle_timeout=120)
+t = threading.Thread(target=go, daemon=True)
+t.start()
+t.join(timeout=float(sys.argv[4]))
+print("owner exits", flush=True)
+os._exit(0)   # no atexit stop: the worker must notice on its own
+"""
+
+
+def _run_owner(tmp_path, target, seconds, live_s):
+    sd = tmp_path / "w"
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+    env.pop("SLURM_JOB_ID", None)
+    env.pop(OWNER_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, str(sd), target, str(seconds),
+                           str(live_s)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "owner exits" in proc.stdout, proc.stderr
+    return sd
+
+
+def _worker_exit(sd, timeout=15.0):
+    evs = read_events(sd / "events.jsonl")[0]
+    [start] = [e for e in evs if e["event"] == "start"]
+    end = time.monotonic() + timeout
+    while is_worker_process(start["pid"]) and time.monotonic() < end:
+        time.sleep(0.1)
+    alive = is_worker_process(start["pid"])
+    exits = [e for e in read_events(sd / "events.jsonl")[0] if e["event"] == "exit"]
+    return start, alive, exits
+
+
+def test_idle_worker_exits_when_its_owner_is_gone(tmp_path):
+    sd = _run_owner(tmp_path, "echo", 0, 60)
+    try:
+        start, alive, exits = _worker_exit(sd)
+        assert start["allocation"] == "slurm424242"
+        assert not alive, "the worker outlived its owner"
+        assert len(exits) == 1 and exits[0]["reason"].startswith("owner process"), exits
+        assert read_pid_file(WorkerPaths(sd, "m1").pid) is None
+    finally:
+        stop_workers(sd, timeout=5)
+
+
+def test_busy_worker_exits_soon_after_its_owner_is_gone(tmp_path):
+    # the owner dies 3 s into a 60 s call: the worker gives up the call after the grace time
+    sd = _run_owner(tmp_path, "sleep", 60, 3)
+    try:
+        t_gone = time.time()
+        start, alive, exits = _worker_exit(sd)
+        assert not alive, "the busy worker outlived its owner"
+        assert len(exits) == 1 and exits[0]["abandoned"] == "worker_targets:sleep", exits
+        assert exits[0]["t"] - t_gone < 10
+    finally:
+        stop_workers(sd, timeout=5)
+
+
+def test_owner_claim_is_inherited_not_taken_over(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv(OWNER_ENV, raising=False)
+    assert state.claim_allocation_owner()
+    assert allocation_owner() == os.environ[OWNER_ENV].split(":", 2)[2]
+    assert not state.claim_allocation_owner()          # already owned by a live process
+    monkeypatch.setenv("SLURM_JOB_ID", "78")           # another job: the claim is not its
+    assert allocation_owner() is None
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert allocation_owner() is None and not state.claim_allocation_owner()
