@@ -148,6 +148,7 @@ def rho_flip_table(
 def _register_subcommands() -> None:
     """Commands defined next to the code they drive (each module imports lazily)."""
     from .analysis.cli import register as analysis_cmd
+    from .crosspkg.cli import register as import_cmd
     from .items.cli import register as items_cmd
     from .models.cli import register as models_cmd
     from .worker.cli import register as worker_cmd
@@ -156,6 +157,7 @@ def _register_subcommands() -> None:
     models_cmd(app)
     analysis_cmd(app)
     worker_cmd(app)
+    import_cmd(app)
 
 
 _register_subcommands()
