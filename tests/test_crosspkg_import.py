@@ -151,7 +151,7 @@ def test_lmeval_import_errors(lmeval_runs, tmp_path):
     lines = f.read_text().splitlines()
     dropped = json.loads(lines[0])["doc"]["item_id"]
     f.write_text("\n".join(lines[1:]) + "\n")
-    with pytest.raises(DataError, match=rf"different item sets.*lacks 1 item\(s\) \['{dropped}'\]"):
+    with pytest.raises(DataError, match=rf"(?s)different item sets.*lacks 1 item\(s\) \['{dropped}'\]"):
         import_lmeval([a, short])
     # the same run twice cannot be told apart
     with pytest.raises(DataError, match="cannot be told apart"):
@@ -161,3 +161,85 @@ def test_lmeval_import_errors(lmeval_runs, tmp_path):
         import_lmeval([tmp_path / "nope"])
     p = run_cli("import", "lm-eval", str(bare), "--out", str(tmp_path / "x.csv"))
     assert p.returncode == 2 and "--log_samples" in p.stderr
+
+
+# ------------------------------------------------------------------------------- Inspect
+
+
+@pytest.fixture(scope="module")
+def inspect_logs(tmp_path_factory, folders, tqa_items):
+    from inspect_ai import eval as inspect_eval
+
+    from safetyrepro.crosspkg.inspect_tasks import _task, write_inspect_data
+
+    root = tmp_path_factory.mktemp("inspect")
+    data = write_inspect_data(tqa_items[0], root / "tqa.jsonl")
+    logs = {}
+    for key, folder in folders.items():
+        for system in (None, SYSTEM):
+            task = _task(str(data), system=system, max_tokens=6, name="safetyrepro_mc")
+            (log,) = inspect_eval(task, model=f"hf/{key}", display="none", log_dir=str(root / "logs"),
+                                  model_args={"model_path": folder, "device": "cpu", "do_sample": False,
+                                              "dtype": "float32"})
+            assert log.status == "success", log.error
+            logs[(key, system)] = Path(log.location)
+    return root, logs
+
+
+def test_inspect_import_round_trip(inspect_logs, tqa_items, tmp_path):
+    from inspect_ai.log import read_eval_log
+
+    from safetyrepro.certify import certify
+    from safetyrepro.crosspkg.importers import import_inspect
+
+    root, logs = inspect_logs
+    res = import_inspect(list(logs.values()))
+    t = res.table
+    assert res.axes == ["solver"]          # the system message is a solver step
+    assert res.constant["package"] == "inspect_ai 0.3.285" and res.constant["metric"] == "choice"
+    assert set(t["item"]) == set(tqa_items[0]["item_id"]) and len(t) == 2 * 2 * N_ITEMS
+    assert t["config"].nunique() == 2 and t["model"].nunique() == 2
+    # hand computation: an item scores 1 iff the scorer's answer letter is the gold letter
+    letters = dict(zip(tqa_items[0]["item_id"], ("ABCDEFGHIJKLM"[g] for g in tqa_items[0]["gold"])))
+    for (key, system), path in logs.items():
+        log = read_eval_log(str(path))
+        name = Path(log.eval.model_args["model_path"]).parent.name
+        cell = t[(t["model"] == name) & t["config"].str.contains("system_message" if system else "^multiple",
+                                                               regex=True)]
+        assert len(cell) == N_ITEMS
+        for s in log.samples:
+            want = 1.0 if s.scores["choice"].answer == letters[s.id] else 0.0
+            assert cell.set_index("item").loc[s.id, "score"] == want
+    csv = tmp_path / "inspect.csv"
+    t.to_csv(csv, index=False)
+    cert = certify(csv, ["solver"], samples=200)
+    assert cert.level == "item" and cert.pairs.iloc[0]["n_configs"] == 2
+    assert len(cert.significance["significance_configs"]) == 2
+    p = run_cli("import", "inspect", str(root / "logs"), "--out", str(tmp_path / "cli.csv"))
+    assert p.returncode == 0, p.stderr
+    assert "--config-cols solver" in p.stdout
+
+
+def test_inspect_import_errors(inspect_logs, tmp_path):
+    from inspect_ai.log import read_eval_log, write_eval_log
+
+    from safetyrepro.crosspkg.importers import import_inspect
+    from safetyrepro.errors import DataError
+
+    root, logs = inspect_logs
+    a = logs[("smollm2-135m", None)]
+    b = logs[("smollm2-135m", SYSTEM)]
+    log = read_eval_log(str(a))
+    with pytest.raises(DataError, match=r"unknown metric 'acc'.*carry \['choice'\]"):
+        import_inspect([a], metric="acc")
+    bare = log.model_copy(deep=True)
+    bare.samples = None
+    write_eval_log(bare, str(tmp_path / "bare.eval"))
+    with pytest.raises(DataError, match="no per-sample results"):
+        import_inspect([tmp_path / "bare.eval"])
+    short = read_eval_log(str(b))
+    gone = short.samples[0].id
+    short.samples = short.samples[1:]
+    write_eval_log(short, str(tmp_path / "short.eval"))
+    with pytest.raises(DataError, match=rf"(?s)different item sets.*lacks 1 item\(s\) \['{gone}'\]"):
+        import_inspect([a, tmp_path / "short.eval"])

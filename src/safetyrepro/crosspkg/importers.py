@@ -32,8 +32,8 @@ import pandas as pd
 
 from ..errors import DataError
 
-#: lm-eval task name prefix -> the benchmark it measures (longest prefix wins); other tasks keep
-#: their own name as benchmark.
+#: name part of an lm-eval task -> the benchmark it measures (longest match wins; e.g.
+#: truthfulqa_mc1, sr_truthfulqa_mc1 -> truthfulqa); other tasks keep their own name as benchmark.
 LMEVAL_BENCHMARKS = {
     "truthfulqa": "truthfulqa", "bbq": "bbq", "crows_pairs": "crows_pairs",
     "toxigen": "toxigen", "xstest": "xstest",
@@ -63,7 +63,7 @@ class ImportResult:
 def benchmark_of(task: str, override: str | None = None) -> str:
     if override:
         return override
-    hits = [p for p in LMEVAL_BENCHMARKS if task.startswith(p)]
+    hits = [p for p in LMEVAL_BENCHMARKS if p in task]
     return LMEVAL_BENCHMARKS[max(hits, key=len)] if hits else task
 
 
