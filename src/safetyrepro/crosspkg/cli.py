@@ -58,3 +58,26 @@ def register(app: typer.Typer) -> None:
         _write(import_inspect(logs, metric, benchmark), out)
 
     app.add_typer(imp, name="import")
+
+
+def register_stage(app: typer.Typer) -> None:
+    @app.command("cross-package")
+    def cross_package_cmd(
+        config: Path = typer.Option(..., "--config"),
+        items_dir: Path = typer.Option(..., "--items-dir", help="the run's items/ folder"),
+        item_results: Path = typer.Option(..., "--item-results", help="the run's item_results.parquet"),
+        out: Path = typer.Option(..., "--out", help="cross_package.parquet (a .csv is written beside it)"),
+        work: Path = typer.Option(..., "--work", help="scratch folder (task files, logs of the packages)"),
+        model: Optional[List[str]] = typer.Option(None, "--model", help="models (default: the config's)"),
+        package: Optional[List[str]] = typer.Option(None, "--package", help="lm-eval, inspect (default: both)"),
+    ):
+        """The nominal configuration in SafetyRepro, lm-eval and Inspect on the run's items and models:
+        score, per-item agreement, spread across packages (pp) and ordering change per benchmark."""
+        from ..config import load_config
+        from .stage import run_stage
+
+        cfg = load_config(config)
+        df = run_stage(cfg, items_dir, item_results, out, work, models=model or None,
+                       packages=tuple(package or ("lm-eval", "inspect")))
+        cols = ["benchmark", "model", "package", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
+        typer.echo(df[cols].to_string(index=False))

@@ -240,6 +240,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     from ..items import read_items
     from ..io import write_parquet
     from ..models.prepare import prepare_model
+    from ..provenance import code_fingerprint
     from ..provenance import code_version_string as code_version
 
 
@@ -263,7 +264,9 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     df = cross_package_table(rows, ref)
     meta = {"kind": "cross_package", "nominal_config": nominal, "precision": "bf16 (lm-eval, inspect); the run's "
             "own quantization for the safetyrepro rows", "timings_s": timings,
-            "seconds": time.perf_counter() - t0, "code_version": code_version()}
+            "seconds": time.perf_counter() - t0, "code_version": code_version(),
+            "code_fingerprint": code_fingerprint("safetyrepro.crosspkg.stage"),
+            "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")}}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(df, out, meta)
