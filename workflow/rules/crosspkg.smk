@@ -11,6 +11,7 @@ rule cross_package:
     output:
         table=f"{TABLES}/cross_package.parquet",
         csv=f"{TABLES}/cross_package.csv",
+        per_item=f"{TABLES}/cross_package_items.parquet",
     log:
         f"{RESULTS}/logs/cross_package.log",
     conda:

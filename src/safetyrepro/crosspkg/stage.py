@@ -203,6 +203,15 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
 # ------------------------------------------------------------------------------ table
 
 
+def item_table(rows: list[dict]) -> pd.DataFrame:
+    """Per (package, benchmark, model, item): the option chosen, in the run's option order
+    (CrowS-Pairs: 0 = the more stereotypical sentence); null where none could be read."""
+    out = [{"package": r["package"], "benchmark": r["benchmark"], "model": r["model"], "item_id": i,
+            "chosen_index": c} for r in rows for i, c in sorted(r["chosen"].items())]
+    return pd.DataFrame(out, columns=["package", "benchmark", "model", "item_id", "chosen_index"]).astype(
+        {"chosen_index": "Int64"})
+
+
 def cross_package_table(rows: list[dict], chosen_ref: dict) -> pd.DataFrame:
     """Rows -> the table with per-item agreement, per-benchmark spread and ordering change."""
     out = []
@@ -227,7 +236,8 @@ def cross_package_table(rows: list[dict], chosen_ref: dict) -> pd.DataFrame:
             if gp["model"].nunique() == g["model"].nunique():
                 s = gp.set_index("model")["score"]
                 # pairwise signs (ties kept as 0): the ordering as a set of relations
-                orders.add(tuple(int((s[a] > s[c]) - (s[a] < s[c])) for a in sorted(s.index) for c in sorted(s.index) if a < c))
+                ms = sorted(s.index)
+                orders.add(tuple(int(s[a] > s[c]) - int(s[a] < s[c]) for a in ms for c in ms if a < c))
         change[b] = len(orders) > 1
     df["ordering_changes"] = df["benchmark"].map(change)
     return df.sort_values(["benchmark", "model", "package"]).reset_index(drop=True)
@@ -271,4 +281,5 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(df, out, meta)
     df.to_csv(out.with_suffix(".csv"), index=False)
+    write_parquet(item_table(rows), out.with_name(out.stem + "_items.parquet"), meta | {"kind": "cross_package_items"})
     return df

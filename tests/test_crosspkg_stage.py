@@ -1,0 +1,76 @@
+"""The cross-package stage: lm-eval's TruthfulQA MC1 score on a few of the run's items checked
+against a hand computation with transformers, and the table's agreement / spread / ordering
+columns on rows built by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SHARED_DATA
+
+N_ITEMS = 3
+
+
+@pytest.mark.slow
+def test_lmeval_truthfulqa_score_by_hand(default_cfg, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from safetyrepro.crosspkg.stage import lmeval_rows
+    from safetyrepro.items.build import load_benchmark
+    from safetyrepro.models.prepare import prepare_model
+
+    df = load_benchmark("truthfulqa", SHARED_DATA)
+    items = df[df["split"] == "validation"].reset_index(drop=True).iloc[:N_ITEMS].copy()
+    folder = str(prepare_model(default_cfg, "smollm2-135m", progress=False))
+    (row,) = lmeval_rows(folder, "smol", {"truthfulqa": items}, {}, tmp_path, dtype="float32")
+    assert row["package"] == "lm-eval" and row["version"] == "0.4.13" and row["n_items"] == N_ITEMS
+    assert row["first_prompt"].startswith("Q: What is human life expectancy")
+    assert row["first_prompt"].endswith("Q: " + items.iloc[0]["question"] + "\nA:")
+
+    # by hand: lm-eval's context, each option (leading space) as continuation, summed log-probs
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prefix = row["first_prompt"][: -len("Q: " + items.iloc[0]["question"] + "\nA:")]
+    correct, chosen = 0, {}
+    for it in items.to_dict("records"):
+        ctx = prefix + "Q: " + it["question"] + "\nA:"
+        lls = []
+        for c in it["choices"]:
+            whole = tok(ctx + " " + c)["input_ids"]
+            n_ctx = len(tok(ctx)["input_ids"])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([whole])).logits[0].float(), -1)
+            lls.append(sum(float(logp[i - 1, whole[i]]) for i in range(n_ctx, len(whole))))
+        j = max(range(len(lls)), key=lls.__getitem__)
+        chosen[it["item_id"]] = j
+        correct += j == int(it["gold"])
+    assert row["score"] == correct / N_ITEMS
+    assert row["chosen"] == chosen          # mapped back to the run's option order
+
+
+def test_cross_package_table_columns():
+    from safetyrepro.crosspkg.stage import cross_package_table, item_table
+
+    def r(pkg, m, score, chosen):
+        return {"package": pkg, "version": "v", "benchmark": "truthfulqa", "model": m, "object": "o",
+                "prompt_sha256": "h", "first_prompt": "p", "score": score, "n_items": 4, "chosen": chosen}
+
+    ref = {("truthfulqa", "a"): {"i1": 0, "i2": 1, "i3": 2, "i4": None},
+           ("truthfulqa", "b"): {"i1": 0, "i2": 0, "i3": 0, "i4": 0}}
+    rows = [r("safetyrepro-freeform", "a", 0.50, ref[("truthfulqa", "a")]),
+            r("safetyrepro-freeform", "b", 0.25, ref[("truthfulqa", "b")]),
+            r("lm-eval", "a", 0.25, {"i1": 0, "i2": 0, "i3": 2, "i4": 1}),
+            r("lm-eval", "b", 0.75, {"i1": 0, "i2": 0, "i3": 0, "i4": 0})]
+    t = cross_package_table(rows, ref).set_index(["package", "model"])
+    # a: agrees on i1 and i3 (i4 has no reference choice -> disagreement), 2 of 4
+    assert t.loc[("lm-eval", "a"), "agreement"] == 0.5
+    assert t.loc[("lm-eval", "b"), "agreement"] == 1.0
+    assert t.loc[("lm-eval", "a"), "spread_model_pp"] == pytest.approx(25.0)
+    assert t.loc[("lm-eval", "b"), "spread_model_pp"] == pytest.approx(50.0)
+    assert t["spread_pp"].tolist() == pytest.approx([50.0] * 4)
+    assert t["ordering_changes"].all()      # a ahead in safetyrepro, b ahead in lm-eval
+    same = [dict(x, score=s) for x, s in zip(rows, (0.5, 0.25, 0.75, 0.5))]
+    assert not cross_package_table(same, ref)["ordering_changes"].any()
+    it = item_table(rows)
+    assert len(it) == 16 and it["chosen_index"].isna().sum() == 1
