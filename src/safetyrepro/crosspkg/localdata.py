@@ -40,12 +40,20 @@ def truthfulqa_record(row) -> dict:
 
 
 def bbq_record(row) -> dict:
+    """BBQ in the original release's shape (ans0..ans2, label, answer_info, additional_metadata),
+    which lm-eval's bbq task reads; the options keep the run's order."""
     meta = item_meta("bbq", dict(row))
     choices, gold = _ordered_choices(row)
-    rec = {"item_id": row["item_id"], "context": row["context"], "question": row["question"],
-           "ans0": choices[0], "ans1": choices[1], "ans2": choices[2], "label": gold}
-    rec.update({k: v for k, v in meta.items() if k not in rec})
-    return rec
+    groups = meta.get("answer_groups") or [[] for _ in choices]
+    return {"item_id": row["item_id"], "example_id": meta.get("example_id"),
+            "question_index": str(meta.get("question_index", "")),
+            "question_polarity": meta.get("question_polarity"), "context_condition": meta.get("context_condition"),
+            "category": meta.get("category"), "context": row["context"], "question": row["question"],
+            "ans0": choices[0], "ans1": choices[1], "ans2": choices[2], "label": gold,
+            "answer_info": {f"ans{i}": list(g) for i, g in enumerate(groups)},
+            "additional_metadata": {"subcategory": meta.get("subcategory", "None"),
+                                    "stereotyped_groups": list(meta.get("stereotyped_groups") or []),
+                                    "version": "", "source": ""}}
 
 
 def crows_record(row) -> dict:
