@@ -12,6 +12,7 @@ rule cross_package:
         table=f"{TABLES}/cross_package.parquet",
         csv=f"{TABLES}/cross_package.csv",
         per_item=f"{TABLES}/cross_package_items.parquet",
+        figure=f"{RESULTS}/figures/cross_package.png",
     log:
         f"{RESULTS}/logs/cross_package.log",
     conda:
@@ -23,4 +24,5 @@ rule cross_package:
         work=f"{RESULTS}/cross_package",
     shell:
         '"$PY" -m safetyrepro cross-package --config {params.config} --items-dir {params.items_dir}'
-        " --item-results {input.item_results} --out {output.table} --work {params.work} > {log} 2>&1"
+        " --item-results {input.item_results} --out {output.table} --work {params.work}"
+        " --figure {output.figure} > {log} 2>&1"

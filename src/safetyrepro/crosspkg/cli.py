@@ -70,6 +70,7 @@ def register_stage(app: typer.Typer) -> None:
         work: Path = typer.Option(..., "--work", help="scratch folder (task files, logs of the packages)"),
         model: Optional[List[str]] = typer.Option(None, "--model", help="models (default: the config's)"),
         package: Optional[List[str]] = typer.Option(None, "--package", help="lm-eval, inspect (default: both)"),
+        figure: Optional[Path] = typer.Option(None, "--figure", help="also draw the scores per package (.png)"),
     ):
         """The nominal configuration in SafetyRepro, lm-eval and Inspect on the run's items and models:
         score, per-item agreement, spread across packages (pp) and ordering change per benchmark."""
@@ -78,6 +79,6 @@ def register_stage(app: typer.Typer) -> None:
 
         cfg = load_config(config)
         df = run_stage(cfg, items_dir, item_results, out, work, models=model or None,
-                       packages=tuple(package or ("lm-eval", "inspect")))
+                       packages=tuple(package or ("lm-eval", "inspect")), figure=figure)
         cols = ["benchmark", "model", "package", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
         typer.echo(df[cols].to_string(index=False))

@@ -245,12 +245,11 @@ def cross_package_table(rows: list[dict], chosen_ref: dict) -> pd.DataFrame:
 
 def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
               models: list[str] | None = None, benchmarks: list[str] | None = None,
-              packages: tuple[str, ...] = ("lm-eval", "inspect")) -> pd.DataFrame:
+              packages: tuple[str, ...] = ("lm-eval", "inspect"), figure: Path | None = None) -> pd.DataFrame:
     """Score the nominal configuration in every package; write ``out`` (.parquet) and a .csv."""
     from ..items import read_items
     from ..io import write_parquet
     from ..models.prepare import prepare_model
-    from ..provenance import code_fingerprint
     from ..provenance import code_version_string as code_version
 
 
@@ -272,14 +271,51 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
             rows += inspect_rows(str(folder), m, items, Path(work) / m)
             timings[f"inspect/{m}"] = time.perf_counter() - t
     df = cross_package_table(rows, ref)
-    meta = {"kind": "cross_package", "nominal_config": nominal, "precision": "bf16 (lm-eval, inspect); the run's "
-            "own quantization for the safetyrepro rows", "timings_s": timings,
-            "seconds": time.perf_counter() - t0, "code_version": code_version(),
-            "code_fingerprint": code_fingerprint("safetyrepro.crosspkg.stage"),
-            "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")}}
+    from ..analysis.common import output_metadata
+    from ..io import read_metadata
+
+    meta = output_metadata("cross_package", [(Path(item_results), read_metadata(item_results))],
+                           extra={"nominal_config": nominal,
+                                  "precision": "bf16 for lm-eval and inspect; the run's own quantization for "
+                                               "the safetyrepro rows",
+                                  "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")},
+                                  "timings_s": timings, "seconds": time.perf_counter() - t0},
+                           producer="safetyrepro.crosspkg.stage")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(df, out, meta)
     df.to_csv(out.with_suffix(".csv"), index=False)
-    write_parquet(item_table(rows), out.with_name(out.stem + "_items.parquet"), meta | {"kind": "cross_package_items"})
+    write_parquet(item_table(rows), out.with_name(out.stem + "_items.parquet"), meta | {"table": "cross_package_items"})
+    if figure is not None:
+        plot_cross_package(df, figure)
     return df
+
+
+def plot_cross_package(df: pd.DataFrame, path: Path) -> Path:
+    """Per benchmark: each model's score in each package (grouped bars), spread in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benches = sorted(df["benchmark"].unique())
+    fig, axes = plt.subplots(1, max(1, len(benches)), figsize=(4.2 * max(1, len(benches)), 3.6), squeeze=False)
+    for ax, b in zip(axes[0], benches):
+        g = df[df["benchmark"] == b]
+        models, pkgs = sorted(g["model"].unique()), sorted(g["package"].unique())
+        w = 0.8 / len(pkgs)
+        for k, p in enumerate(pkgs):
+            s = g[g["package"] == p].set_index("model")["score"]
+            ax.bar([i + k * w for i in range(len(models))], [s.get(m, float("nan")) for m in models], w, label=p)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models, rotation=20, fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{b}: spread {g['spread_pp'].iloc[0]:.1f} pp"
+                     + (", ordering changes" if bool(g["ordering_changes"].iloc[0]) else ""), fontsize=9)
+    axes[0][0].set_ylabel("score (nominal config)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
