@@ -148,11 +148,19 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
             per_item.append(v)
         if sorted(chosen) != sorted(ids):
             raise DataError(task_dir / f"{task}.yaml", f"lm-eval scored {len(chosen)} items, the run has {len(ids)}")
-        first = samples[0]["arguments"]["gen_args_0"]["arg_0"]
+        first = _first_context(samples[0]["arguments"])
         rows.append({"package": "lm-eval", "version": version, "benchmark": b, "model": model,
                      "object": OBJECTS[("lm-eval", b)], "prompt_sha256": _sha(first), "first_prompt": first,
                      "score": sum(per_item) / len(per_item), "n_items": len(per_item), "chosen": chosen})
     return rows
+
+
+def _first_context(args) -> str:
+    """The context of a sample's first request (in memory: a list of (context, continuation)
+    tuples; in lm-eval's samples files: {"gen_args_0": {"arg_0": ...}})."""
+    if isinstance(args, dict):
+        return args["gen_args_0"]["arg_0"]
+    return args[0][0]
 
 
 def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int | None:
