@@ -158,9 +158,10 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
 def _first_context(args) -> str:
     """The context of a sample's first request (in memory: a list of (context, continuation)
     tuples; in lm-eval's samples files: {"gen_args_0": {"arg_0": ...}})."""
-    if isinstance(args, dict):
-        return args["gen_args_0"]["arg_0"]
-    return args[0][0]
+    ctx, cont = ((args["gen_args_0"]["arg_0"], args["gen_args_0"]["arg_1"]) if isinstance(args, dict)
+                 else (args[0][0], args[0][1]))
+    # a task with an empty context (CrowS-Pairs scores whole sentences): the first scored text
+    return ctx if ctx else ctx + cont
 
 
 def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int | None:
@@ -261,6 +262,10 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     from ..provenance import code_version_string as code_version
 
 
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local folders only: no hub look-ups
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     t0 = time.perf_counter()
     nominal = cfg.section("analysis").get("nominal_config", "T1-greedy-k0-freeform")
     benches = [b for b in (benchmarks or cfg.benchmarks) if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
