@@ -74,3 +74,39 @@ def test_cross_package_table_columns():
     assert not cross_package_table(same, ref)["ordering_changes"].any()
     it = item_table(rows)
     assert len(it) == 16 and it["chosen_index"].isna().sum() == 1
+
+
+def test_card_block_and_report_section(tmp_path):
+    from safetyrepro.analysis.cards import card_markdown, cross_package_entry
+    from safetyrepro.analysis.report_md import cross_package_section
+    from safetyrepro.crosspkg.stage import cross_package_table
+
+    rows = [{"package": p, "version": "v", "benchmark": "bbq", "model": m, "object": "o", "prompt_sha256": "ab" * 32,
+             "first_prompt": "p", "score": s, "n_items": 4, "chosen": {"i": 0}}
+            for p, m, s in (("safetyrepro-freeform", "a", 0.5), ("safetyrepro-freeform", "b", 0.25),
+                            ("inspect", "a", 0.0), ("inspect", "b", 0.75))]
+    xp = cross_package_table(rows, {("bbq", "a"): {"i": 0}, ("bbq", "b"): {"i": 1}})
+    e = cross_package_entry(xp, "a", "bbq")
+    assert e["spread_pp"] == 50.0 and e["spread_model_pp"] == 50.0 and e["ordering_changes"] is True
+    assert {r["package"]: r["agreement"] for r in e["rows"]} == {"inspect": 1.0, "safetyrepro-freeform": 1.0}
+    assert cross_package_entry(xp, "a", "truthfulqa") is None
+    card = {"model": "a", "benchmark": "bbq", "model_id": "m", "weights_hash": "w", "quantization": "nf4",
+            "device": "cpu", "templates": [], "decodings": [], "shots": [], "scoring_paths": [],
+            "parser_version": "1", "items": {"subset_hash": "s", "item_ids_path": "p", "n_items": [4]},
+            "rules_stamp": "r", "config_hash": "c", "code_version": {"run": "x", "cell_scores": "x", "analysis": "x"},
+            "envelope": {"n_configs": 1, "score_min": 0, "score_max": 0, "score_range": 0, "score_median": 0,
+                         "config_min": "c", "config_max": "c"}, "comparisons": [], "cross_package": e}
+    md = card_markdown(card)
+    assert "Spread across packages on this benchmark: 50.0 pp" in md and "| inspect | v | 0.000 | 4 | 1.000 |" in md
+    lines = cross_package_section(lambda name, render: render(xp), tmp_path, tmp_path / "report.md")
+    text = "\n".join(lines)
+    assert "## The nominal configuration in other packages" in text and "_figure `cross_package.png`" in text
+
+
+def test_short_model_names():
+    from safetyrepro.crosspkg.importers import short_names
+
+    n = short_names(["/r/models/Smol-abc/hf", "/r/models/gemma-def/hf", "/r/models/Smol-abc/hf"])
+    assert n == {"/r/models/Smol-abc/hf": "Smol-abc", "/r/models/gemma-def/hf": "gemma-def"}
+    assert short_names(["/a/x/m", "/b/x/m"]) == {"/a/x/m": "a/x/m", "/b/x/m": "b/x/m"}
+    assert short_names(["hf"]) == {"hf": "hf"}
