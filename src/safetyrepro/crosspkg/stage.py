@@ -113,7 +113,11 @@ def safetyrepro_rows(item_results: pd.DataFrame, items: dict, nominal: str, code
 
 
 def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path, dtype: str = "bfloat16",
-                batch_size: int = 8) -> list[dict]:
+                batch_size: int = 8, shots: int = 0) -> list[dict]:
+    """lm-eval's own tasks on the run's items. ``shots`` > 0 draws the exemplars from the run's
+    few-shot pool (``fewshot``: benchmark -> items, first n in order); a task whose own file
+    fixes ``num_fewshot`` (truthfulqa_mc1: 0, with its built-in six-example preamble) keeps it, as
+    lm-eval does."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -122,11 +126,11 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
     names = {}
     for b in LMEVAL_BENCHMARKS:
         if b in items:
-            names[write_lmeval_task(b, items[b], None, task_dir)] = b
+            names[write_lmeval_task(b, items[b], fewshot.get(b) if shots else None, task_dir)] = b
     if not names:
         return []
     lm = HFLM(pretrained=str(folder), device="cpu", dtype=dtype, batch_size=batch_size)
-    out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=None, log_samples=True,
+    out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=shots or None, log_samples=True,
                           task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0)
     version = _version("lm_eval")
     rows = []
@@ -270,6 +274,17 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     nominal = cfg.section("analysis").get("nominal_config", "T1-greedy-k0-freeform")
     benches = [b for b in (benchmarks or cfg.benchmarks) if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
     items = {b: read_items(Path(items_dir) / f"{b}.parquet")[0] for b in benches}
+    from ..grid import Config
+
+    nom = Config.parse(nominal)
+    shots = int(str(nom.shots).lstrip("k"))
+    if nom.decoding != "greedy":
+        raise DataError(item_results, f"analysis.nominal_config {nominal!r}: the cross-package stage runs greedy "
+                                      "decoding only (lm-eval's log-likelihood tasks have no sampling)")
+    fewshot = ({b: read_items(Path(items_dir) / f"{b}.fewshot.parquet")[0] for b in benches} if shots else {})
+    if shots and "inspect" in packages:
+        raise DataError(item_results, f"analysis.nominal_config {nominal!r} has {shots} shots; the stage's Inspect "
+                                      "task has no few-shot exemplars (use --package lm-eval)")
     ir = pd.read_parquet(item_results)
     rows, ref = safetyrepro_rows(ir, items, nominal, code_version())
     timings = {}
@@ -277,7 +292,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
         folder = prepare_model(cfg, m, progress=False)
         if "lm-eval" in packages:
             t = time.perf_counter()
-            rows += lmeval_rows(str(folder), m, items, {}, Path(work) / m)
+            rows += lmeval_rows(str(folder), m, items, fewshot, Path(work) / m, shots=shots)
             timings[f"lm-eval/{m}"] = time.perf_counter() - t
         if "inspect" in packages:
             t = time.perf_counter()
