@@ -110,3 +110,44 @@ def test_short_model_names():
     assert n == {"/r/models/Smol-abc/hf": "Smol-abc", "/r/models/gemma-def/hf": "gemma-def"}
     assert short_names(["/a/x/m", "/b/x/m"]) == {"/a/x/m": "a/x/m", "/b/x/m": "b/x/m"}
     assert short_names(["hf"]) == {"hf": "hf"}
+
+
+@pytest.mark.slow
+def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
+    """run_stage end to end on 2 TruthfulQA items and SmolLM2: lm-eval and Inspect for real; the
+    run's item_results are written by hand here (the nominal cells' rows and the aggregate's
+    metadata keys), since producing them for real needs the whole envelope."""
+    import pandas as pd
+
+    from safetyrepro.crosspkg.stage import run_stage
+    from safetyrepro.io import read_metadata, write_parquet
+    from safetyrepro.items.build import load_benchmark
+    from safetyrepro.items.schema import to_arrow
+
+    df = load_benchmark("truthfulqa", SHARED_DATA)
+    items = df[df["split"] == "validation"].reset_index(drop=True).iloc[:2].copy()
+    write_parquet(to_arrow(items, "truthfulqa"), tmp_path / "items" / "truthfulqa.parquet", {"kind": "items"})
+    ir = []
+    for it in items.itertuples():
+        ir.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-freeform", seed=0,
+                       item_id=it.item_id, parsed_label="ABCDEFGHIJKLM"[int(it.gold)], correct=True, chosen_index=None))
+        ir.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-logprob", seed=0,
+                       item_id=it.item_id, parsed_label=None, correct=False, chosen_index=(int(it.gold) + 1) % len(it.choices)))
+    meta = {"rules_stamp": "r", "config_hash": "c", "code_version": {"git": "x"}, "kind": "item_results"}
+    write_parquet(pd.DataFrame(ir), tmp_path / "item_results.parquet", meta)
+    out = tmp_path / "tables" / "cross_package.parquet"
+    t = run_stage(default_cfg, tmp_path / "items", tmp_path / "item_results.parquet", out, tmp_path / "work",
+                  models=["smollm2-135m"], benchmarks=["truthfulqa"], figure=tmp_path / "fig.png")
+    assert sorted(t["package"]) == ["inspect", "lm-eval", "safetyrepro-freeform", "safetyrepro-logprob"]
+    t = t.set_index("package")
+    assert t.loc["safetyrepro-freeform", "score"] == 1.0 and t.loc["safetyrepro-logprob", "score"] == 0.0
+    assert t.loc["safetyrepro-freeform", "agreement"] == 1.0 and t.loc["safetyrepro-logprob", "agreement"] == 0.0
+    assert (t["n_items"] == 2).all() and t["prompt_sha256"].str.len().eq(64).all()
+    assert t["spread_pp"].iloc[0] == pytest.approx(100.0) and not t["ordering_changes"].any()
+    assert t.loc["lm-eval", "version"] == "0.4.13" and t.loc["inspect", "version"] == "0.3.285"
+    m = read_metadata(out)
+    assert m["producer"] == "safetyrepro.crosspkg.stage" and m["nominal_config"] == "T1-greedy-k0-freeform"
+    assert set(m["timings_s"]) == {"lm-eval/smollm2-135m", "inspect/smollm2-135m"}
+    per_item = pd.read_parquet(out.with_name("cross_package_items.parquet"))
+    assert len(per_item) == 4 * 2 and (tmp_path / "fig.png").stat().st_size > 0
+    assert out.with_suffix(".csv").exists()
