@@ -5,7 +5,6 @@ imported, then certified. Error paths on copies of those real files."""
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT, SHARED_DATA, run_cli
+from conftest import SHARED_DATA, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import DataError
-from .localdata import LMEVAL_TASKS, write_lmeval_task
+from .localdata import write_lmeval_task
 
 #: benchmarks each package scores here
 LMEVAL_BENCHMARKS = ("truthfulqa", "bbq", "crows_pairs")
