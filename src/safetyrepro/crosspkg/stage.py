@@ -175,7 +175,14 @@ def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int
     if b == "truthfulqa":
         text = doc["mc1_targets"]["choices"][j]
     else:
-        text = [doc["ans0"], doc["ans1"], doc["ans2"]][j]
+        # lm-eval's BBQ candidates: the two non-unknown answers, then every "unknown" phrasing of
+        # HELM's list; any of those stands for the item's own unknown option
+        from lm_eval.tasks.bbq.utils import UNKNOWN_RESPONSES, doc_to_choice
+
+        text = doc_to_choice(doc)[j]
+        if text in UNKNOWN_RESPONSES:
+            unknown = [i for i, c in enumerate(choices) if c in UNKNOWN_RESPONSES]
+            return unknown[0] if len(unknown) == 1 else None
     return choices.index(text) if text in choices else None
 
 
