@@ -41,8 +41,9 @@ OBJECTS = {
     ("lm-eval", "truthfulqa"): "lm-eval truthfulqa_mc1: fixed 6-example 'Q:/A:' preamble, question, 'A:'; "
                                "candidates = MC1 answer texts (leading space); acc = argmax summed log-likelihood; "
                                "no chat template",
-    ("lm-eval", "bbq"): "lm-eval bbq (multiple_choice): context, 'Q: question', 'A:'; candidates = the three answer "
-                        "texts; acc = argmax summed log-likelihood; no chat template",
+    ("lm-eval", "bbq"): "lm-eval bbq (multiple_choice): context, 'Q: question', 'A:'; candidates = the two "
+                        "non-unknown answers + HELM's ten unknown phrasings; acc = argmax summed log-likelihood "
+                        "(any unknown phrasing is correct for an unknown-gold item); no chat template",
     ("lm-eval", "crows_pairs"): "lm-eval crows_pairs_english: the two sentences scored as whole texts; "
                                 "pct_stereotype = share preferring the more stereotypical one; reported here "
                                 "as 1 - pct_stereotype (the run's anti-stereotype share)",
