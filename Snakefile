@@ -18,6 +18,7 @@ include: "workflow/rules/cells.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/crosspkg.smk"
 
 
 rule all:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark environment (idempotent): benchmarks/.venv with the CPU torch 2.13.0 pinned,
-# lm-evaluation-harness (benchmark-only dependency, NOT a runtime dependency of safetyrepro)
+# lm-evaluation-harness (also a pinned runtime dependency of safetyrepro since the cross-package stage)
 # and the project itself (editable). Run from anywhere:  bash benchmarks/setup.sh
 # GPU machines: set TORCH_SPEC=torch (or your CUDA build) before running.
 set -euo pipefail

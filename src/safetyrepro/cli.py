@@ -149,6 +149,8 @@ def rho_flip_table(
 def _register_subcommands() -> None:
     """Commands defined next to the code they drive (each module imports lazily)."""
     from .analysis.cli import register as analysis_cmd
+    from .crosspkg.cli import register as import_cmd
+    from .crosspkg.cli import register_stage as cross_package_cmd
     from .items.cli import register as items_cmd
     from .models.cli import register as models_cmd
     from .worker.cli import register as worker_cmd
@@ -157,6 +159,8 @@ def _register_subcommands() -> None:
     models_cmd(app)
     analysis_cmd(app)
     worker_cmd(app)
+    import_cmd(app)
+    cross_package_cmd(app)
 
 
 _register_subcommands()

@@ -233,6 +233,7 @@ rule cards:
         provenance=f"{TABLES}/provenance.json",
         significance=f"{TABLES}/significance.parquet",
         nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
+        cross_package=[f"{TABLES}/cross_package.parquet"] if CROSS_PACKAGE else [],
     output:
         report(
             f"{RESULTS}/cards/index.json",
@@ -246,7 +247,10 @@ rule cards:
     params:
         code=PLAN.code_fingerprint("safetyrepro.analysis.cards"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
+        cross_package=lambda w, input: (
+            f"--cross-package {input.cross_package[0]}" if input.cross_package else ""
+        ),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'
         " --significance {input.significance} --nearest-reversal {input.nearest_reversal}"
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        " {params.cross_package} --out-dir {params.out_dir} > {log} 2>&1"

@@ -72,6 +72,8 @@ def all_targets():
         f"{RESULTS}/tables/rho_flip.parquet",
     ]
     targets += analysis_targets()
+    if CROSS_PACKAGE:
+        targets.append(f"{TABLES}/cross_package.parquet")
     return targets
 
 
@@ -127,6 +129,11 @@ def analysis_targets():
 
 
 ANALYSIS = RUN.section("analysis")
+# The cross-package stage scores the benchmarks that lm-eval or Inspect have tasks for.
+CROSS_PACKAGE_BENCHMARKS = [
+    b for b in RUN.benchmarks if b in ("truthfulqa", "bbq", "crows_pairs")
+]
+CROSS_PACKAGE = bool(ANALYSIS.get("cross_package")) and bool(CROSS_PACKAGE_BENCHMARKS)
 
 
 def cell_variant(wildcards):

@@ -42,6 +42,7 @@ rule report_md:
         f"{RESULTS}/cards/index.json",
         [f"{TABLES}/precision.parquet"] if PLAN.precision_check else [],
         BBQ_BIAS_TABLES,
+        [f"{TABLES}/cross_package.parquet"] if CROSS_PACKAGE else [],
         tables=[
             f"{TABLES}/{t}.parquet"
             for t in PAPER_TABLES

@@ -236,6 +236,18 @@ def card_markdown(card: dict) -> str:
                      f"{'yes' if c['d2'] else 'no'} | {c['verdict']} |")
     if not card["comparisons"]:
         lines.append("| (no other model on this benchmark) |" + " |" * 13)
+    xp = card.get("cross_package")
+    if xp:
+        lines += ["", "## The nominal configuration in other packages", "",
+                  f"Spread across packages on this benchmark: {xp['spread_pp']:.1f} pp (this model: "
+                  f"{xp['spread_model_pp']:.1f} pp); model ordering changes across packages: "
+                  f"{'yes' if xp['ordering_changes'] else 'no'} (docs/CROSS_PACKAGE.md).", "",
+                  "| package | version | score | items | agreement with the nominal cell | prompt sha256 |",
+                  "|---|---|---|---|---|---|"]
+        for r in xp["rows"]:
+            ag = "–" if r["agreement"] is None else f"{r['agreement']:.3f}"
+            lines.append(f"| {r['package']} | {r['version']} | {r['score']:.3f} | {r['n_items']} | {ag} | "
+                         f"`{r['prompt_sha256'][:12]}` |")
     revs = [(c["other"], c.get("nearest_reversal")) for c in card["comparisons"] if c.get("nearest_reversal")]
     if revs:
         lines += ["", "## Nearest reversing configuration", "",
@@ -251,6 +263,19 @@ def card_markdown(card: dict) -> str:
             lines.append(f"- vs {other}: {'tied' if lead == 'tie' else lead + ' ahead'} at {ref}; "
                          f"strict reversal: {r['strict']}; significant reversal: {r['significant']}")
     return "\n".join(lines) + "\n"
+
+
+def cross_package_entry(xp: pd.DataFrame, model: str, benchmark: str) -> dict | None:
+    """The card's cross-package block: this model's rows of the cross-package table."""
+    sub = xp[(xp["model"] == model) & (xp["benchmark"] == benchmark)]
+    if sub.empty:
+        return None
+    rows = [{"package": r.package, "version": str(r.version), "score": float(r.score), "n_items": int(r.n_items),
+             "agreement": None if pd.isna(r.agreement) else float(r.agreement),
+             "prompt_sha256": r.prompt_sha256, "object": r.object} for r in sub.itertuples()]
+    first = sub.iloc[0]
+    return {"spread_pp": float(first["spread_pp"]), "spread_model_pp": float(first["spread_model_pp"]),
+            "ordering_changes": bool(first["ordering_changes"]), "rows": rows}
 
 
 def _slug(s: str) -> str:
@@ -271,7 +296,8 @@ def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dic
 
 def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
                 out_dir: str | Path, significance_path: str | Path | None = None,
-                reversal_path: str | Path | None = None) -> dict[str, Path]:
+                reversal_path: str | Path | None = None,
+                cross_package_path: str | Path | None = None) -> dict[str, Path]:
     """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``.
     ``significance_path``: the ``significance`` table; ``reversal_path``: the
     ``nearest_reversal`` table (both optional; from the same run)."""
@@ -286,11 +312,17 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
         rev, rmeta = read_table(reversal_path)
         check_same_rules((cs.path, cs.meta), (Path(reversal_path), rmeta))
         sources.append((Path(reversal_path), rmeta))
+    xp = None
+    if cross_package_path is not None:
+        xp, xmeta = read_table(cross_package_path)
+        sources.append((Path(cross_package_path), xmeta))
     cards = build_cards(cs.df, provenance, cs.meta, sig, rev)  # everything computed before anything is written
     # any source written by other code than the current (cell scores, significance, nearest reversal)
     stale = "; ".join(n for n in (source_stale_note(p, m) for p, m in sources) if n) or None
     for card in cards:
         card["stale"] = stale
+        if xp is not None:
+            card["cross_package"] = cross_package_entry(xp, card["model"], card["benchmark"])
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []

@@ -123,11 +123,13 @@ def register(app: typer.Typer) -> None:
               significance: Optional[Path] = typer.Option(None, "--significance",
                                                           help="significance.parquet (rho_flip_sig on the cards)"),
               nearest_reversal: Optional[Path] = typer.Option(None, "--nearest-reversal",
-                                                              help="nearest_reversal.parquet (a line per pair)")):
+                                                              help="nearest_reversal.parquet (a line per pair)"),
+              cross_package: Optional[Path] = typer.Option(None, "--cross-package",
+                                                           help="cross_package.parquet (scores in other packages)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
-        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal))
+        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):

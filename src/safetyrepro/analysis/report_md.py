@@ -22,7 +22,8 @@ from .common import read_table, stale_note, version_text
 
 REPORT_TABLES = ("table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r",
                  "bootstrap", "nearest_reversal", "subsample_stability", "subsample_rho_flip",
-                 "precision", "anova", "shap", "robustness", "robustness_regression", "bbq_bias_summary")
+                 "precision", "anova", "shap", "robustness", "robustness_regression", "bbq_bias_summary",
+                 "cross_package")
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -258,7 +259,26 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "bias_ambig_mean": "s_AMB mean", "bias_ambig_min": "min", "bias_ambig_max": "max",
         "bias_disambig_mean": "s_DIS mean", "bias_disambig_min": "min", "bias_disambig_max": "max"})))
     out += [""]
+    if "cross_package" in loaded:
+        out += cross_package_section(section, figures_dir, out_path)
     return "\n".join(out) + "\n"
+
+
+def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[str]:
+    """The nominal configuration in other packages (docs/CROSS_PACKAGE.md)."""
+    out = ["## The nominal configuration in other packages", "",
+           "The same items and model folders scored by SafetyRepro's nominal cells, lm-evaluation-harness "
+           "(its own task definitions, local data) and Inspect (multiple_choice + choice). Each package scores "
+           "a different object (prompt format, candidates, rule: docs/CROSS_PACKAGE.md). Agreement: share of "
+           "items where the package picks the option SafetyRepro's nominal free-form cell picks. Spread: max - "
+           "min over packages (percentage points), per model and its max over models.", ""]
+    out.append(section("cross_package", lambda d: md_table(d, {
+        "benchmark": "benchmark", "model": "model", "package": "package", "version": "version",
+        "score": "score", "n_items": "items", "agreement": "agreement", "spread_model_pp": "spread (pp)",
+        "spread_pp": "benchmark spread (pp)", "ordering_changes": "ordering changes",
+        "prompt_sha256": "prompt sha256"})))
+    out += ["", _figure(figures_dir, "cross_package", out_path, "scores per package"), ""]
+    return out
 
 
 def write_report_md(tables_dir: str | Path, figures_dir: str | Path, out_path: str | Path) -> Path:

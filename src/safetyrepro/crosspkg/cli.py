@@ -1,0 +1,84 @@
+"""`safetyrepro import lm-eval|inspect`: other harnesses' per-item results -> certify's table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def _write(res, out: Path) -> None:
+    from ..io import atomic_write_text
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() in {".parquet", ".pq"}:
+        res.table.to_parquet(out, index=False)
+    else:
+        atomic_write_text(out, res.table.to_csv(index=False))
+    n = res.table.groupby(["benchmark", "model", "config"]).ngroups
+    typer.echo(f"wrote {out}: {len(res.table)} item scores, {n} (benchmark, model, config) cells, "
+               f"{res.table['item'].nunique()} items")
+    typer.echo("axis columns (settings that differ): " + (", ".join(res.axes) or "none"))
+    for k, v in res.constant.items():
+        typer.echo(f"  same in every run: {k} = {v}")
+    if res.axes:
+        typer.echo(f"next: safetyrepro certify {out} --config-cols {','.join(res.axes)}")
+
+
+def register(app: typer.Typer) -> None:
+    imp = typer.Typer(no_args_is_help=True, help="Read other harnesses' per-item results into the long "
+                                                 "table certify reads (model, benchmark, config, item, score).")
+
+    @imp.command("lm-eval")
+    def lm_eval_cmd(
+        paths: List[Path] = typer.Argument(..., help="lm-eval --output_path folders (written with --log_samples) "
+                                                     "or results_*.json files"),
+        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        metric: Optional[str] = typer.Option(None, "--metric", help="per-sample metric (default acc)"),
+        benchmark: Optional[str] = typer.Option(None, "--benchmark",
+                                                help="benchmark name for every task (default: from the task name)"),
+    ):
+        """lm-evaluation-harness results + per-sample JSONL -> item-level long table."""
+        from .importers import import_lmeval
+
+        _write(import_lmeval(paths, metric, benchmark), out)
+
+    @imp.command("inspect")
+    def inspect_cmd(
+        logs: List[Path] = typer.Argument(..., help="Inspect eval logs (.eval/.json) or folders of them"),
+        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        metric: Optional[str] = typer.Option(None, "--metric", help="scorer name (default: the only one)"),
+        benchmark: Optional[str] = typer.Option(None, "--benchmark",
+                                                help="benchmark name (default: from the task name)"),
+    ):
+        """Inspect eval logs (read through inspect_ai.log) -> item-level long table."""
+        from .importers import import_inspect
+
+        _write(import_inspect(logs, metric, benchmark), out)
+
+    app.add_typer(imp, name="import")
+
+
+def register_stage(app: typer.Typer) -> None:
+    @app.command("cross-package")
+    def cross_package_cmd(
+        config: Path = typer.Option(..., "--config"),
+        items_dir: Path = typer.Option(..., "--items-dir", help="the run's items/ folder"),
+        item_results: Path = typer.Option(..., "--item-results", help="the run's item_results.parquet"),
+        out: Path = typer.Option(..., "--out", help="cross_package.parquet (a .csv is written beside it)"),
+        work: Path = typer.Option(..., "--work", help="scratch folder (task files, logs of the packages)"),
+        model: Optional[List[str]] = typer.Option(None, "--model", help="models (default: the config's)"),
+        package: Optional[List[str]] = typer.Option(None, "--package", help="lm-eval, inspect (default: both)"),
+        figure: Optional[Path] = typer.Option(None, "--figure", help="also draw the scores per package (.png)"),
+    ):
+        """The nominal configuration in SafetyRepro, lm-eval and Inspect on the run's items and models:
+        score, per-item agreement, spread across packages (pp) and ordering change per benchmark."""
+        from ..config import load_config
+        from .stage import run_stage
+
+        cfg = load_config(config)
+        df = run_stage(cfg, items_dir, item_results, out, work, models=model or None,
+                       packages=tuple(package or ("lm-eval", "inspect")), figure=figure)
+        cols = ["benchmark", "model", "package", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
+        typer.echo(df[cols].to_string(index=False))

@@ -1,0 +1,357 @@
+"""The cross-package stage: the nominal configuration scored by several evaluation packages on
+the run's own items and model folders, and how far their scores and orderings disagree.
+
+Packages and what they score (docs/CROSS_PACKAGE.md shows one rendered prompt of each):
+
+* ``safetyrepro-freeform`` / ``safetyrepro-logprob``: the run's own nominal cells
+  (``analysis.nominal_config``; its logprob twin), read from ``item_results`` of the run.
+* ``lm-eval``: lm-evaluation-harness's own task definition (:data:`.localdata.LMEVAL_TASKS`)
+  with only the data source switched to the run's items; its HF model class on the local folder
+  in bf16; the task's own metric (``acc``: argmax of summed continuation log-likelihoods; for
+  CrowS-Pairs ``pct_stereotype`` is turned into the run's anti-stereotype share 1 - x).
+* ``inspect``: Inspect's ``multiple_choice`` solver and ``choice`` scorer (inspect-evals does not
+  install from this machine's package index: its dependency inspect-evals-utils is missing) on
+  the run's choice items, through Inspect's HF provider on the local folder in bf16, greedy.
+
+Per (package, benchmark, model) row: the score, the items, the object scored in words and the
+sha256 of the first item's rendered prompt, and the per-item agreement of the chosen option with
+SafetyRepro's nominal free-form cell. Per benchmark: the spread across packages (max - min of
+the score, percentage points, per model and its max over models) and whether the model ordering
+changes across packages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from importlib import metadata
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import DataError
+from .localdata import write_lmeval_task
+
+#: benchmarks each package scores here
+LMEVAL_BENCHMARKS = ("truthfulqa", "bbq", "crows_pairs")
+INSPECT_BENCHMARKS = ("truthfulqa", "bbq")
+
+OBJECTS = {
+    ("lm-eval", "truthfulqa"): "lm-eval truthfulqa_mc1: fixed 6-example 'Q:/A:' preamble, question, 'A:'; "
+                               "candidates = MC1 answer texts (leading space); acc = argmax summed log-likelihood; "
+                               "no chat template",
+    ("lm-eval", "bbq"): "lm-eval bbq (multiple_choice): context, 'Q: question', 'A:'; candidates = the two "
+                        "non-unknown answers + HELM's ten unknown phrasings; acc = argmax summed log-likelihood "
+                        "(any unknown phrasing is correct for an unknown-gold item); no chat template",
+    ("lm-eval", "crows_pairs"): "lm-eval crows_pairs_english: the two sentences scored as whole texts; "
+                                "pct_stereotype = share preferring the more stereotypical one; reported here "
+                                "as 1 - pct_stereotype (the run's anti-stereotype share)",
+    ("inspect", "truthfulqa"): "Inspect multiple_choice + choice: 'Answer the following multiple choice question' "
+                               "template with 'A) ...' options, chat template, greedy generation; "
+                               "correct iff the parsed 'ANSWER: X' letter is the gold letter",
+    ("inspect", "bbq"): "Inspect multiple_choice + choice over context + question and the three answers; "
+                        "chat template, greedy generation; correct iff the parsed letter is the gold letter",
+}
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _version(pkg: str) -> str:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+# ------------------------------------------------------------------------------ SafetyRepro
+
+
+def safetyrepro_rows(item_results: pd.DataFrame, items: dict, nominal: str, code_version: str) -> tuple[list, dict]:
+    """Rows for the run's own nominal cells (free-form and its logprob twin) and the chosen
+    option per (benchmark, model, item) of the free-form cell (the agreement reference)."""
+    from ..tasks import load_task
+
+    rows, chosen_ref = [], {}
+    twin = nominal.rsplit("-", 1)[0] + "-logprob"
+    for cfg_id, kind in ((nominal, "freeform"), (twin, "logprob")):
+        sub = item_results[(item_results["config"] == cfg_id) & (item_results["seed"] == 0)]
+        for (b, m), g in sub.groupby(["benchmark", "model"], sort=True):
+            if b not in items:
+                continue
+            task = load_task(b)
+            df = items[b]
+            first = df.iloc[0].to_dict()
+            tid = cfg_id.split("-")[0]
+            if kind == "freeform":
+                msgs = task.build_messages(first, tid, [], path="freeform")
+            else:
+                msgs = task.logprob_request(first, tid, [])[0]
+            chosen = {}
+            for r in g.itertuples():
+                if kind == "logprob":
+                    chosen[r.item_id] = None if pd.isna(r.chosen_index) else int(r.chosen_index)
+                else:
+                    labels = task.candidate_labels(items[b].set_index("item_id").loc[r.item_id].to_dict()) \
+                        if task.answer_kind == "choice" else None
+                    lab = r.parsed_label
+                    chosen[r.item_id] = labels.index(lab) if labels and lab in labels else None
+            if kind == "freeform":
+                chosen_ref[(b, m)] = chosen
+            rows.append({"package": f"safetyrepro-{kind}", "version": code_version, "benchmark": b, "model": m,
+                         "object": f"SafetyRepro {cfg_id}: template {tid} as chat messages "
+                                   + ("(lettered options; parsed letter)" if kind == "freeform"
+                                      else "(candidates as continuations; argmax log-likelihood)"),
+                         "prompt_sha256": _sha(json.dumps(msgs, sort_keys=True)),
+                         "first_prompt": json.dumps(msgs), "score": float(g["correct"].mean()),
+                         "n_items": int(len(g)), "chosen": chosen})
+    return rows, chosen_ref
+
+
+# ------------------------------------------------------------------------------ lm-eval
+
+
+def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path, dtype: str = "bfloat16",
+                batch_size: int = 8, shots: int = 0) -> list[dict]:
+    """lm-eval's own tasks on the run's items. ``shots`` > 0 draws the exemplars from the run's
+    few-shot pool (``fewshot``: benchmark -> items, first n in order); a task whose own file
+    fixes ``num_fewshot`` (truthfulqa_mc1: 0, with its built-in six-example preamble) keeps it, as
+    lm-eval does."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    task_dir = work / "lmeval_tasks"
+    names = {}
+    for b in LMEVAL_BENCHMARKS:
+        if b in items:
+            names[write_lmeval_task(b, items[b], fewshot.get(b) if shots else None, task_dir)] = b
+    if not names:
+        return []
+    lm = HFLM(pretrained=str(folder), device="cpu", dtype=dtype, batch_size=batch_size)
+    out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=shots or None, log_samples=True,
+                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0)
+    version = _version("lm_eval")
+    rows = []
+    for task, b in names.items():
+        samples = out["samples"][task]
+        ids = items[b]["item_id"].tolist()
+        chosen, per_item = {}, []
+        for s in samples:
+            iid = s["doc"]["item_id"]
+            lls = [float(r[0]) for r in s["filtered_resps"]]
+            if b == "crows_pairs":
+                # sentence scores [more, less]: the model prefers the stereotypical one iff ll_more > ll_less
+                v = 1.0 - float(s["pct_stereotype"])
+                chosen[iid] = 0 if lls[0] > lls[1] else 1
+            else:
+                v = float(s["acc"])
+                j = max(range(len(lls)), key=lls.__getitem__)
+                chosen[iid] = _lmeval_choice_to_run(b, s["doc"], j, items[b])
+            per_item.append(v)
+        if sorted(chosen) != sorted(ids):
+            raise DataError(task_dir / f"{task}.yaml", f"lm-eval scored {len(chosen)} items, the run has {len(ids)}")
+        first = _first_context(samples[0]["arguments"])
+        rows.append({"package": "lm-eval", "version": version, "benchmark": b, "model": model,
+                     "object": OBJECTS[("lm-eval", b)], "prompt_sha256": _sha(first), "first_prompt": first,
+                     "score": sum(per_item) / len(per_item), "n_items": len(per_item), "chosen": chosen})
+    return rows
+
+
+def _first_context(args) -> str:
+    """The context of a sample's first request (in memory: a list of (context, continuation)
+    tuples; in lm-eval's samples files: {"gen_args_0": {"arg_0": ...}})."""
+    ctx, cont = ((args["gen_args_0"]["arg_0"], args["gen_args_0"]["arg_1"]) if isinstance(args, dict)
+                 else (args[0][0], args[0][1]))
+    # a task with an empty context (CrowS-Pairs scores whole sentences): the first scored text
+    return ctx if ctx else ctx + cont
+
+
+def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int | None:
+    """lm-eval's option index -> the run's option index (by option text)."""
+    row = items.set_index("item_id").loc[doc["item_id"]]
+    choices = list(row["choices"])
+    if b == "truthfulqa":
+        text = doc["mc1_targets"]["choices"][j]
+    else:
+        # lm-eval's BBQ candidates: the two non-unknown answers, then every "unknown" phrasing of
+        # HELM's list; any of those stands for the item's own unknown option
+        from lm_eval.tasks.bbq.utils import UNKNOWN_RESPONSES, doc_to_choice
+
+        text = doc_to_choice(doc)[j]
+        if text in UNKNOWN_RESPONSES:
+            unknown = [i for i, c in enumerate(choices) if c in UNKNOWN_RESPONSES]
+            return unknown[0] if len(unknown) == 1 else None
+    return choices.index(text) if text in choices else None
+
+
+# ------------------------------------------------------------------------------ Inspect
+
+
+def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: int = 8) -> list[dict]:
+    from inspect_ai import eval as inspect_eval
+
+    from .inspect_tasks import LETTERS, _task, write_inspect_data
+
+    version = _version("inspect_ai")
+    rows = []
+    for b in INSPECT_BENCHMARKS:
+        if b not in items:
+            continue
+        data = write_inspect_data(items[b], work / "inspect_data" / f"{b}.jsonl")
+        (log,) = inspect_eval(_task(str(data), max_tokens=max_tokens, name=f"safetyrepro_{b}"),
+                              model=f"hf/{model}", display="none", log_dir=str(work / "inspect_logs"),
+                              model_args={"model_path": str(folder), "device": "cpu", "do_sample": False,
+                                          "dtype": "bfloat16"})
+        if log.status != "success":
+            raise DataError(work / "inspect_logs", f"Inspect eval of {model} on {b} failed: {log.error}")
+        chosen, vals = {}, []
+        for s in log.samples:
+            sc = s.scores["choice"]
+            vals.append(1.0 if sc.value == "C" else 0.0)
+            ans = (sc.answer or "").strip()
+            chosen[str(s.id)] = LETTERS.index(ans) if len(ans) == 1 and ans in LETTERS else None
+        first = json.dumps([{"role": m.role, "content": m.text} for m in log.samples[0].messages
+                            if m.role != "assistant"])
+        rows.append({"package": "inspect", "version": version, "benchmark": b, "model": model,
+                     "object": OBJECTS[("inspect", b)], "prompt_sha256": _sha(first), "first_prompt": first,
+                     "score": sum(vals) / len(vals), "n_items": len(vals), "chosen": chosen})
+    return rows
+
+
+# ------------------------------------------------------------------------------ table
+
+
+def item_table(rows: list[dict]) -> pd.DataFrame:
+    """Per (package, benchmark, model, item): the option chosen, in the run's option order
+    (CrowS-Pairs: 0 = the more stereotypical sentence); null where none could be read."""
+    out = [{"package": r["package"], "benchmark": r["benchmark"], "model": r["model"], "item_id": i,
+            "chosen_index": c} for r in rows for i, c in sorted(r["chosen"].items())]
+    return pd.DataFrame(out, columns=["package", "benchmark", "model", "item_id", "chosen_index"]).astype(
+        {"chosen_index": "Int64"})
+
+
+def cross_package_table(rows: list[dict], chosen_ref: dict) -> pd.DataFrame:
+    """Rows -> the table with per-item agreement, per-benchmark spread and ordering change."""
+    out = []
+    for r in rows:
+        ref = chosen_ref.get((r["benchmark"], r["model"]))
+        agree = n = None
+        if ref is not None and r["benchmark"] != "crows_pairs":
+            common = [i for i in r["chosen"] if i in ref]
+            n = len(common)
+            agree = (sum(r["chosen"][i] is not None and r["chosen"][i] == ref[i] for i in common) / n) if n else None
+        out.append({k: v for k, v in r.items() if k != "chosen"} | {"agreement": agree, "agreement_items": n})
+    df = pd.DataFrame(out)
+    if df.empty:
+        return df
+    spread_m = df.groupby(["benchmark", "model"])["score"].agg(lambda s: 100 * (s.max() - s.min()))
+    df["spread_model_pp"] = [spread_m[(b, m)] for b, m in zip(df["benchmark"], df["model"])]
+    df["spread_pp"] = df.groupby("benchmark")["spread_model_pp"].transform("max")
+    change = {}
+    for b, g in df.groupby("benchmark"):
+        orders = set()
+        for p, gp in g.groupby("package"):
+            if gp["model"].nunique() == g["model"].nunique():
+                s = gp.set_index("model")["score"]
+                # pairwise signs (ties kept as 0): the ordering as a set of relations
+                ms = sorted(s.index)
+                orders.add(tuple(int(s[a] > s[c]) - int(s[a] < s[c]) for a in ms for c in ms if a < c))
+        change[b] = len(orders) > 1
+    df["ordering_changes"] = df["benchmark"].map(change)
+    return df.sort_values(["benchmark", "model", "package"]).reset_index(drop=True)
+
+
+def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
+              models: list[str] | None = None, benchmarks: list[str] | None = None,
+              packages: tuple[str, ...] = ("lm-eval", "inspect"), figure: Path | None = None) -> pd.DataFrame:
+    """Score the nominal configuration in every package; write ``out`` (.parquet) and a .csv."""
+    from ..items import read_items
+    from ..io import write_parquet
+    from ..models.prepare import prepare_model
+    from ..provenance import code_version_string as code_version
+
+
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local folders only: no hub look-ups
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    t0 = time.perf_counter()
+    nominal = cfg.section("analysis").get("nominal_config", "T1-greedy-k0-freeform")
+    benches = [b for b in (benchmarks or cfg.benchmarks) if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
+    items = {b: read_items(Path(items_dir) / f"{b}.parquet")[0] for b in benches}
+    from ..grid import Config
+
+    nom = Config.parse(nominal)
+    shots = int(str(nom.shots).lstrip("k"))
+    if nom.decoding != "greedy":
+        raise DataError(item_results, f"analysis.nominal_config {nominal!r}: the cross-package stage runs greedy "
+                                      "decoding only (lm-eval's log-likelihood tasks have no sampling)")
+    fewshot = ({b: read_items(Path(items_dir) / f"{b}.fewshot.parquet")[0] for b in benches} if shots else {})
+    if shots and "inspect" in packages:
+        raise DataError(item_results, f"analysis.nominal_config {nominal!r} has {shots} shots; the stage's Inspect "
+                                      "task has no few-shot exemplars (use --package lm-eval)")
+    ir = pd.read_parquet(item_results)
+    rows, ref = safetyrepro_rows(ir, items, nominal, code_version())
+    timings = {}
+    for m in models or cfg.models:
+        folder = prepare_model(cfg, m, progress=False)
+        if "lm-eval" in packages:
+            t = time.perf_counter()
+            rows += lmeval_rows(str(folder), m, items, fewshot, Path(work) / m, shots=shots)
+            timings[f"lm-eval/{m}"] = time.perf_counter() - t
+        if "inspect" in packages:
+            t = time.perf_counter()
+            rows += inspect_rows(str(folder), m, items, Path(work) / m)
+            timings[f"inspect/{m}"] = time.perf_counter() - t
+    df = cross_package_table(rows, ref)
+    from ..analysis.common import output_metadata
+    from ..io import read_metadata
+
+    meta = output_metadata("cross_package", [(Path(item_results), read_metadata(item_results))],
+                           extra={"nominal_config": nominal,
+                                  "precision": "bf16 for lm-eval and inspect; the run's own quantization for "
+                                               "the safetyrepro rows",
+                                  "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")},
+                                  "timings_s": timings, "seconds": time.perf_counter() - t0},
+                           producer="safetyrepro.crosspkg.stage")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_parquet(df, out, meta)
+    df.to_csv(out.with_suffix(".csv"), index=False)
+    write_parquet(item_table(rows), out.with_name(out.stem + "_items.parquet"), meta | {"table": "cross_package_items"})
+    if figure is not None:
+        plot_cross_package(df, figure)
+    return df
+
+
+def plot_cross_package(df: pd.DataFrame, path: Path) -> Path:
+    """Per benchmark: each model's score in each package (grouped bars), spread in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benches = sorted(df["benchmark"].unique())
+    fig, axes = plt.subplots(1, max(1, len(benches)), figsize=(4.2 * max(1, len(benches)), 3.6), squeeze=False)
+    for ax, b in zip(axes[0], benches):
+        g = df[df["benchmark"] == b]
+        models, pkgs = sorted(g["model"].unique()), sorted(g["package"].unique())
+        w = 0.8 / len(pkgs)
+        for k, p in enumerate(pkgs):
+            s = g[g["package"] == p].set_index("model")["score"]
+            ax.bar([i + k * w for i in range(len(models))], [s.get(m, float("nan")) for m in models], w, label=p)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models, rotation=20, fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{b}: spread {g['spread_pp'].iloc[0]:.1f} pp"
+                     + (", ordering changes" if bool(g["ordering_changes"].iloc[0]) else ""), fontsize=9)
+    axes[0][0].set_ylabel("score (nominal config)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

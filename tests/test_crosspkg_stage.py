@@ -1,0 +1,153 @@
+"""The cross-package stage: lm-eval's TruthfulQA MC1 score on a few of the run's items checked
+against a hand computation with transformers, and the table's agreement / spread / ordering
+columns on rows built by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import SHARED_DATA
+
+N_ITEMS = 3
+
+
+@pytest.mark.slow
+def test_lmeval_truthfulqa_score_by_hand(default_cfg, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from safetyrepro.crosspkg.stage import lmeval_rows
+    from safetyrepro.items.build import load_benchmark
+    from safetyrepro.models.prepare import prepare_model
+
+    df = load_benchmark("truthfulqa", SHARED_DATA)
+    items = df[df["split"] == "validation"].reset_index(drop=True).iloc[:N_ITEMS].copy()
+    folder = str(prepare_model(default_cfg, "smollm2-135m", progress=False))
+    (row,) = lmeval_rows(folder, "smol", {"truthfulqa": items}, {}, tmp_path, dtype="float32")
+    assert row["package"] == "lm-eval" and row["version"] == "0.4.13" and row["n_items"] == N_ITEMS
+    assert row["first_prompt"].startswith("Q: What is human life expectancy")
+    assert row["first_prompt"].endswith("Q: " + items.iloc[0]["question"] + "\nA:")
+
+    # by hand: lm-eval's context, each option (leading space) as continuation, summed log-probs
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prefix = row["first_prompt"][: -len("Q: " + items.iloc[0]["question"] + "\nA:")]
+    correct, chosen = 0, {}
+    for it in items.to_dict("records"):
+        ctx = prefix + "Q: " + it["question"] + "\nA:"
+        lls = []
+        for c in it["choices"]:
+            whole = tok(ctx + " " + c)["input_ids"]
+            n_ctx = len(tok(ctx)["input_ids"])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([whole])).logits[0].float(), -1)
+            lls.append(sum(float(logp[i - 1, whole[i]]) for i in range(n_ctx, len(whole))))
+        j = max(range(len(lls)), key=lls.__getitem__)
+        chosen[it["item_id"]] = j
+        correct += j == int(it["gold"])
+    assert row["score"] == correct / N_ITEMS
+    assert row["chosen"] == chosen          # mapped back to the run's option order
+
+
+def test_cross_package_table_columns():
+    from safetyrepro.crosspkg.stage import cross_package_table, item_table
+
+    def r(pkg, m, score, chosen):
+        return {"package": pkg, "version": "v", "benchmark": "truthfulqa", "model": m, "object": "o",
+                "prompt_sha256": "h", "first_prompt": "p", "score": score, "n_items": 4, "chosen": chosen}
+
+    ref = {("truthfulqa", "a"): {"i1": 0, "i2": 1, "i3": 2, "i4": None},
+           ("truthfulqa", "b"): {"i1": 0, "i2": 0, "i3": 0, "i4": 0}}
+    rows = [r("safetyrepro-freeform", "a", 0.50, ref[("truthfulqa", "a")]),
+            r("safetyrepro-freeform", "b", 0.25, ref[("truthfulqa", "b")]),
+            r("lm-eval", "a", 0.25, {"i1": 0, "i2": 0, "i3": 2, "i4": 1}),
+            r("lm-eval", "b", 0.75, {"i1": 0, "i2": 0, "i3": 0, "i4": 0})]
+    t = cross_package_table(rows, ref).set_index(["package", "model"])
+    # a: agrees on i1 and i3 (i4 has no reference choice -> disagreement), 2 of 4
+    assert t.loc[("lm-eval", "a"), "agreement"] == 0.5
+    assert t.loc[("lm-eval", "b"), "agreement"] == 1.0
+    assert t.loc[("lm-eval", "a"), "spread_model_pp"] == pytest.approx(25.0)
+    assert t.loc[("lm-eval", "b"), "spread_model_pp"] == pytest.approx(50.0)
+    assert t["spread_pp"].tolist() == pytest.approx([50.0] * 4)
+    assert t["ordering_changes"].all()      # a ahead in safetyrepro, b ahead in lm-eval
+    same = [dict(x, score=s) for x, s in zip(rows, (0.5, 0.25, 0.75, 0.5))]
+    assert not cross_package_table(same, ref)["ordering_changes"].any()
+    it = item_table(rows)
+    assert len(it) == 16 and it["chosen_index"].isna().sum() == 1
+
+
+def test_card_block_and_report_section(tmp_path):
+    from safetyrepro.analysis.cards import card_markdown, cross_package_entry
+    from safetyrepro.analysis.report_md import cross_package_section
+    from safetyrepro.crosspkg.stage import cross_package_table
+
+    rows = [{"package": p, "version": "v", "benchmark": "bbq", "model": m, "object": "o", "prompt_sha256": "ab" * 32,
+             "first_prompt": "p", "score": s, "n_items": 4, "chosen": {"i": 0}}
+            for p, m, s in (("safetyrepro-freeform", "a", 0.5), ("safetyrepro-freeform", "b", 0.25),
+                            ("inspect", "a", 0.0), ("inspect", "b", 0.75))]
+    xp = cross_package_table(rows, {("bbq", "a"): {"i": 0}, ("bbq", "b"): {"i": 1}})
+    e = cross_package_entry(xp, "a", "bbq")
+    assert e["spread_pp"] == 50.0 and e["spread_model_pp"] == 50.0 and e["ordering_changes"] is True
+    assert {r["package"]: r["agreement"] for r in e["rows"]} == {"inspect": 1.0, "safetyrepro-freeform": 1.0}
+    assert cross_package_entry(xp, "a", "truthfulqa") is None
+    card = {"model": "a", "benchmark": "bbq", "model_id": "m", "weights_hash": "w", "quantization": "nf4",
+            "device": "cpu", "templates": [], "decodings": [], "shots": [], "scoring_paths": [],
+            "parser_version": "1", "items": {"subset_hash": "s", "item_ids_path": "p", "n_items": [4]},
+            "rules_stamp": "r", "config_hash": "c", "code_version": {"run": "x", "cell_scores": "x", "analysis": "x"},
+            "envelope": {"n_configs": 1, "score_min": 0, "score_max": 0, "score_range": 0, "score_median": 0,
+                         "config_min": "c", "config_max": "c"}, "comparisons": [], "cross_package": e}
+    md = card_markdown(card)
+    assert "Spread across packages on this benchmark: 50.0 pp" in md and "| inspect | v | 0.000 | 4 | 1.000 |" in md
+    lines = cross_package_section(lambda name, render: render(xp), tmp_path, tmp_path / "report.md")
+    text = "\n".join(lines)
+    assert "## The nominal configuration in other packages" in text and "_figure `cross_package.png`" in text
+
+
+def test_short_model_names():
+    from safetyrepro.crosspkg.importers import short_names
+
+    n = short_names(["/r/models/Smol-abc/hf", "/r/models/gemma-def/hf", "/r/models/Smol-abc/hf"])
+    assert n == {"/r/models/Smol-abc/hf": "Smol-abc", "/r/models/gemma-def/hf": "gemma-def"}
+    assert short_names(["/a/x/m", "/b/x/m"]) == {"/a/x/m": "a/x/m", "/b/x/m": "b/x/m"}
+    assert short_names(["hf"]) == {"hf": "hf"}
+
+
+@pytest.mark.slow
+def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
+    """run_stage end to end on 2 TruthfulQA items and SmolLM2: lm-eval and Inspect for real; the
+    run's item_results are written by hand here (the nominal cells' rows and the aggregate's
+    metadata keys), since producing them for real needs the whole envelope."""
+    import pandas as pd
+
+    from safetyrepro.crosspkg.stage import run_stage
+    from safetyrepro.io import read_metadata, write_parquet
+    from safetyrepro.items.build import load_benchmark
+    from safetyrepro.items.schema import to_arrow
+
+    df = load_benchmark("truthfulqa", SHARED_DATA)
+    items = df[df["split"] == "validation"].reset_index(drop=True).iloc[:2].copy()
+    write_parquet(to_arrow(items, "truthfulqa"), tmp_path / "items" / "truthfulqa.parquet", {"kind": "items"})
+    ir = []
+    for it in items.itertuples():
+        ir.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-freeform", seed=0,
+                       item_id=it.item_id, parsed_label="ABCDEFGHIJKLM"[int(it.gold)], correct=True, chosen_index=None))
+        ir.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-logprob", seed=0,
+                       item_id=it.item_id, parsed_label=None, correct=False, chosen_index=(int(it.gold) + 1) % len(it.choices)))
+    meta = {"rules_stamp": "r", "config_hash": "c", "code_version": {"git": "x"}, "kind": "item_results"}
+    write_parquet(pd.DataFrame(ir), tmp_path / "item_results.parquet", meta)
+    out = tmp_path / "tables" / "cross_package.parquet"
+    t = run_stage(default_cfg, tmp_path / "items", tmp_path / "item_results.parquet", out, tmp_path / "work",
+                  models=["smollm2-135m"], benchmarks=["truthfulqa"], figure=tmp_path / "fig.png")
+    assert sorted(t["package"]) == ["inspect", "lm-eval", "safetyrepro-freeform", "safetyrepro-logprob"]
+    t = t.set_index("package")
+    assert t.loc["safetyrepro-freeform", "score"] == 1.0 and t.loc["safetyrepro-logprob", "score"] == 0.0
+    assert t.loc["safetyrepro-freeform", "agreement"] == 1.0 and t.loc["safetyrepro-logprob", "agreement"] == 0.0
+    assert (t["n_items"] == 2).all() and t["prompt_sha256"].str.len().eq(64).all()
+    assert t["spread_pp"].iloc[0] == pytest.approx(100.0) and not t["ordering_changes"].any()
+    assert t.loc["lm-eval", "version"] == "0.4.13" and t.loc["inspect", "version"] == "0.3.285"
+    m = read_metadata(out)
+    assert m["producer"] == "safetyrepro.crosspkg.stage" and m["nominal_config"] == "T1-greedy-k0-freeform"
+    assert set(m["timings_s"]) == {"lm-eval/smollm2-135m", "inspect/smollm2-135m"}
+    per_item = pd.read_parquet(out.with_name("cross_package_items.parquet"))
+    assert len(per_item) == 4 * 2 and (tmp_path / "fig.png").stat().st_size > 0
+    assert out.with_suffix(".csv").exists()

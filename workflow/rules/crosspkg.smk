@@ -1,0 +1,28 @@
+# The cross-package case study: the nominal configuration scored by lm-evaluation-harness and
+# Inspect on the run's items and model folders, beside the run's own nominal cells
+# (docs/CROSS_PACKAGE.md). Enabled by analysis.cross_package (default true).
+
+
+rule cross_package:
+    input:
+        subsets=[f"{RESULTS}/items/{b}.parquet" for b in CROSS_PACKAGE_BENCHMARKS],
+        item_results=f"{TABLES}/item_results.parquet",
+        models=[f"{RESULTS}/models/{m}.json" for m in RUN.models],
+    output:
+        table=f"{TABLES}/cross_package.parquet",
+        csv=f"{TABLES}/cross_package.csv",
+        per_item=f"{TABLES}/cross_package_items.parquet",
+        figure=f"{RESULTS}/figures/cross_package.png",
+    log:
+        f"{RESULTS}/logs/cross_package.log",
+    conda:
+        ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.crosspkg.stage"),
+        config=CONFIG,
+        items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
+        work=f"{RESULTS}/cross_package",
+    shell:
+        '"$PY" -m safetyrepro cross-package --config {params.config} --items-dir {params.items_dir}'
+        " --item-results {input.item_results} --out {output.table} --work {params.work}"
+        " --figure {output.figure} > {log} 2>&1"
