@@ -8,6 +8,9 @@
 # validated against config/schema/config.schema.json before any job starts.
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/data.smk"

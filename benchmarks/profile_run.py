@@ -1,4 +1,4 @@
-"""Whole-run profile of a finished workflow run (issue 7, benchmark 4).
+"""Whole-run profile of a finished workflow run (benchmark 4 of benchmarks/README.md).
 
 Reads what a run leaves behind — the Snakemake log, the model workers' event log and the cell
 logs — and prints: wall time, time per stage (rule), model loads and the load share, tokens
@@ -7,7 +7,8 @@ overhead per job (wall time not spent inside any job, divided by the number of j
 
     .venv/bin/python benchmarks/profile_run.py --results results [--log .snakemake/log/<file>]
 
-Without --log the newest Snakemake log is used. Times in the Snakemake log have one-second
+Without --log the newest Snakemake log that executed jobs is used (a dry run, `--report` or
+`--lint` also writes a log, with none); with --log a log without finished jobs is refused. Times in the Snakemake log have one-second
 resolution, so per-rule sums are exact to about a second per job boundary; the worker event
 log (cell call and load times) has microsecond resolution.
 """
@@ -28,12 +29,28 @@ sys.path.insert(0, str(ROOT / "src"))
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 START = re.compile(r"^(?:local)?rule ([\w.+-]+):$")
 JOBID = re.compile(r"^\s+jobid: (\d+)$")
+OUTPUT = re.compile(r"^\s+output: (.*)$")
 DONE = re.compile(r"^Finished jobid: (\d+) \(Rule: ([\w.+-]+)\)$")
+
+
+def stage_of(rule: str, output: str) -> str:
+    """The rule, with the precision check's cells (output under shards_bf16/) as cell_bf16."""
+    return "cell_bf16" if rule == "cell" and "/shards_bf16/" in output else rule
+
+
+def pick_log(logs: list[Path]) -> tuple[Path, dict]:
+    """The newest of ``logs`` whose run finished at least one job, and its parse."""
+    for log in sorted(logs, key=lambda p: p.stat().st_mtime, reverse=True):
+        parsed = parse_log(log)
+        if parsed["n_jobs"] and parsed["first"] is not None:
+            return log, parsed
+    raise SystemExit(f"none of the {len(logs)} Snakemake log(s) records a finished job (dry runs, "
+                     "--report and --lint write such logs); pass the log of a real run with --log")
 
 
 def parse_log(path: Path) -> dict:
     now = None
-    pending_rule = None
+    pending_rule = pending_output = None
     starts, ends, rule_of = {}, {}, {}
     first = last = None
     for line in path.read_text(errors="replace").splitlines():
@@ -45,12 +62,16 @@ def parse_log(path: Path) -> dict:
             continue
         m = START.match(line.strip())
         if m:
-            pending_rule = m.group(1)
+            pending_rule, pending_output = m.group(1), ""
+            continue
+        m = OUTPUT.match(line)
+        if m and pending_rule is not None:
+            pending_output = m.group(1)
             continue
         m = JOBID.match(line)
         if m and pending_rule is not None:
             starts[int(m.group(1))] = now
-            rule_of[int(m.group(1))] = pending_rule
+            rule_of[int(m.group(1))] = stage_of(pending_rule, pending_output)
             pending_rule = None
             continue
         m = DONE.match(line.strip())
@@ -59,9 +80,7 @@ def parse_log(path: Path) -> dict:
     per_rule = defaultdict(lambda: [0, 0.0])
     for j, t0 in starts.items():
         if j in ends and t0 is not None:
-            rule = rule_of[j]
-            stage = "cell" if rule.startswith("cell_") and not rule.startswith("cell_bf16_") else (
-                "cell_bf16" if rule.startswith("cell_bf16_") else rule)
+            stage = rule_of[j]
             per_rule[stage][0] += 1
             per_rule[stage][1] += ends[j] - t0
     return {"first": first, "last": last, "per_stage": dict(per_rule), "n_jobs": len(ends)}
@@ -89,11 +108,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     results = Path(a.results)
-    log = Path(a.log) if a.log else max((ROOT / ".snakemake" / "log").glob("*.snakemake.log"),
-                                         key=lambda p: p.stat().st_mtime)
+    if a.log:
+        log, parsed = Path(a.log), parse_log(Path(a.log))
+        if not parsed["n_jobs"] or parsed["first"] is None:
+            raise SystemExit(f"{log}: no finished job in this log (a dry run, --report or --lint?); "
+                             "pass the log of a run that executed jobs")
+    else:
+        log, parsed = pick_log(list((ROOT / ".snakemake" / "log").glob("*.snakemake.log")))
     from safetyrepro.worker.events import event_files, summarize_events
 
-    parsed = parse_log(log)
     wall = (parsed["last"] or 0) - (parsed["first"] or 0)
     workers = summarize_events(event_files(results), since=parsed["first"], wall_seconds=wall)
     cells = cell_stats(results)

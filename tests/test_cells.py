@@ -205,3 +205,48 @@ def test_prefill_store_budget_is_a_runtime_setting(setup, tmp_path):
     with pytest.raises(Exception, match="prefill_store_mb"):
         load_config(tmp_path / "bad.yaml")
     cells._prefills(lm, cfg)                                        # back to the default
+
+
+def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, tmp_path, monkeypatch):
+    """A model configured as bf16, with the precision check on: its bf16 cell (conservative_core,
+    greedy alone) decodes one stream and carries the bf16 variant's fingerprint, not the main
+    cell's decode group of 11 streams and fingerprint. The variant is an argument of the
+    cell, never guessed from the quantization."""
+    import safetyrepro.inference as inference
+    from safetyrepro.plan import Plan
+
+    d, path, _ = setup
+    raw = yaml.safe_load(open(path))
+    raw["models"]["smol16"] = dict(raw["models"]["smol"], quantization="bf16")
+    raw["analysis"]["precision_check"] = True
+    p16 = tmp_path / "bf16.yaml"
+    p16.write_text(yaml.safe_dump(raw))
+    rc = load_config(p16)
+    plan = Plan(rc)
+    assert plan.precision_check and plan.quantization("smol16", "bf16") == plan.quantization("smol16") == "bf16"
+    cell = "T1-greedy-k0-freeform"
+    assert plan.decode_group("bbq", cell, "main") == (("greedy", 1), ("t0.3", 5), ("t0.7", 5))
+    assert plan.decode_group("bbq", cell, "bf16") == (("greedy", 1),)
+    calls = []
+    orig = inference.generate_streams
+
+    def counting(*a, **kw):
+        calls.append(len(a[2]))
+        return orig(*a, **kw)
+    monkeypatch.setattr(inference, "generate_streams", counting)
+    lm16 = load_model(rc, "smol16")
+    metas = {}
+    for variant in ("bf16", "main"):
+        out = tmp_path / f"{variant}.parquet"
+        run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0, out=str(out),
+                 variant=variant, lm=lm16, progress=False)
+        metas[variant] = read_shard(out)[1]
+    assert calls == [1, 11]
+    for variant, meta in metas.items():
+        assert meta["variant"] == variant and meta["quantization"] == "bf16"
+        assert meta["fingerprint"] == plan.cell_fingerprint("smol16", "bbq", cell, 0, variant)
+    assert metas["bf16"]["fingerprint"] != metas["main"]["fingerprint"]
+    with pytest.raises(CellError, match="quantization 'nf4' given"):
+        run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0,
+                 out=str(tmp_path / "x.parquet"), variant="bf16", quantization="nf4", lm=lm16,
+                 progress=False)

@@ -119,7 +119,7 @@ def test_real_workflow_through_slurm_profile(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(project / "src"))
     run = run_workflow(project, config, ["results/tables/rho_flip.parquet"], timeout_s=600)
     assert run.returncode == 0, run.describe()
-    cell_jobs = {rule: ids for rule, ids in run.submitted.items() if rule.startswith("cell_")}
+    cell_jobs = {rule: ids for rule, ids in run.submitted.items() if rule == "cell"}
     assert sum(len(v) for v in cell_jobs.values()) == 4, run.describe()
     for ids in cell_jobs.values():
         for job_id in ids:

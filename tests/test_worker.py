@@ -479,13 +479,18 @@ def test_cell_client_imports_only_what_a_running_worker_needs():
 def test_cell_client_arguments_are_checked():
     from safetyrepro.cell_client import REQUIRED, UsageError, main, parse_args
 
-    full = [x for n in REQUIRED for x in (f"--{n}", "7" if n == "seed" else f"v-{n}")]
-    opts = parse_args(full + ["--idle-timeout=5"])
-    assert opts["seed"] == "7" and opts["idle-timeout"] == "5" and opts["results-dir"] == "v-results-dir"
-    for bad, msg in ((full[2:], "missing --results-dir"), (full + ["--seeds", "1"], "unknown option --seeds"),
+    def value(n):
+        return {"seed": "7", "idle-timeout": "5"}.get(n, f"v-{n}")
+
+    full = [x for n in REQUIRED for x in (f"--{n}", value(n))]
+    opts = parse_args(full[:-2] + [f"--out={value('out')}"])
+    assert opts["seed"] == "7" and opts["idle-timeout"] == "5" and opts["out"] == "v-out"
+    assert opts["variant"] == "v-variant" and opts["items"] == "v-items" and opts["state-root"] == "v-state-root"
+    for bad, msg in ((full[2:], "missing --config"), (full + ["--seeds", "1"], "unknown option --seeds"),
                      (full + ["--seed", "2"], "--seed given twice"), (full + ["extra"], "unexpected argument"),
-                     (full + ["--out"], "needs a value")):
+                     (full[:-1], "needs a value")):
         with pytest.raises(UsageError, match=msg):
             parse_args(bad)
-    assert main(full[:-1] + ["x"]) == 2          # a seed that is not an integer
+    seed_at = full.index("--seed") + 1
+    assert main(full[:seed_at] + ["x"] + full[seed_at + 1:]) == 2          # a seed that is not an integer
     assert main(["--help"]) == 0

@@ -134,7 +134,7 @@ def test_quantization_change_reruns_that_models_cells_only(tiny):
 
     counts, shards = _plan_after_yaml_edit(project, config, config, edit)
     assert shards == _existing_shards(project, "/smol-nf4/")
-    assert set(cell_rules(counts)) == {"cell_smol-nf4"}
+    assert set(cell_rules(counts)) == {"cell"}
 
 
 def test_rules_bump_reruns_every_cell(tiny):

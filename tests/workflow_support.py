@@ -85,7 +85,7 @@ def planned(project: Path, config: Path, *args: str) -> tuple[dict[str, int], se
 
 
 def cell_rules(counts: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in counts.items() if k.startswith("cell_")}
+    return {k: v for k, v in counts.items() if k == "cell"}
 
 
 def cli(project: Path, *args: str, timeout: int = 600):

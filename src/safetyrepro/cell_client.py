@@ -1,11 +1,11 @@
 """The thin client side of a cell job: hand the cell to the persistent worker of its model.
 
-Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...`` with the worker key
-already resolved by the workflow plan (the idle timeout comes from the environment variable
-SAFETYREPRO_WORKER_IDLE_S, set by the workflow's shell prefix), so the client imports neither
-torch, pandas nor the config validator: its start-up is a few tens of milliseconds.
-(`safetyrepro run-cell --worker` resolves the same values from the config and calls
-:func:`send_cell`.)"""
+Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...``; the workflow passes
+everything as arguments: what the cell reads (config, variant, item and few-shot files), the
+worker key and quantization (resolved by the plan), the worker state root and idle timeout.
+So the client imports neither torch, pandas nor the config validator, and its start-up is a
+few tens of milliseconds. (`safetyrepro run-cell --worker` resolves the same values from the
+config and calls :func:`send_cell`.)"""
 
 from __future__ import annotations
 
@@ -13,11 +13,10 @@ import json
 import os
 import sys
 
-IDLE_ENV = "SAFETYREPRO_WORKER_IDLE_S"
-
 
 def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
-              cell: str, seed: int, out: str, quantization: str) -> dict:
+              cell: str, seed: int, out: str, quantization: str, variant: str, items: str,
+              fewshot: str) -> dict:
     from .worker.client import run_in_worker
 
     return run_in_worker(
@@ -26,31 +25,35 @@ def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, mod
         {"config": config, "model": model, "quantization": quantization},
         "safetyrepro.cells:run_cell_in_worker",
         {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
-         "out": out, "quantization": quantization},
+         "out": out, "quantization": quantization, "variant": variant, "items": items,
+         "fewshot": fewshot},
         idle_timeout=idle_timeout,
-        label=f"{model}/{benchmark}/{cell}/s{seed} ({quantization})",
+        label=f"{model}/{benchmark}/{cell}/s{seed} ({variant}, {quantization})",
     )
 
 
 def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
-                        quantization: str | None = None) -> dict:
-    """Resolve the worker from the config (validated), then :func:`send_cell`."""
+                        variant: str = "main") -> dict:
+    """Resolve the worker and the cell's inputs from the config (validated), then
+    :func:`send_cell`."""
     from .config import load_config
     from .plan import Plan
 
     plan = Plan(load_config(config))
-    quant = quantization or plan.quantization(model)
+    quant = plan.quantization(model, variant)
     return send_cell(state_dir=str(plan.worker_state_dir), key=plan.worker_key(model, quant),
                      idle_timeout=plan.worker_idle_timeout, config=config, model=model,
-                     benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant)
+                     benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant,
+                     variant=variant, items=str(plan.items_path(benchmark)),
+                     fewshot=str(plan.fewshot_path(benchmark)))
 
 
-REQUIRED = ("results-dir", "key", "config", "model", "benchmark", "cell", "out", "quantization",
-            "seed")
+REQUIRED = ("config", "model", "variant", "quantization", "benchmark", "cell", "seed", "items",
+            "fewshot", "state-root", "key", "idle-timeout", "out")
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
-         + " [--idle-timeout S]\n\nRun one cell in its model's persistent worker (the cell "
-         f"rule's command). --idle-timeout: worker idle timeout in seconds (default: ${IDLE_ENV} "
-         "or 120).")
+         + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
+         "--state-root: the folder of the per-node worker state folders (this node's is "
+         "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds.")
 
 
 class UsageError(Exception):
@@ -61,7 +64,7 @@ def parse_args(argv: list[str]) -> dict[str, str]:
     """``--name value`` pairs (``--name=value`` too) into a dict. A hand-written parser, not
     argparse: argparse (with ``re`` and ``gettext``) is the largest import of a process that
     runs once per cell job."""
-    names = set(REQUIRED) | {"idle-timeout"}
+    names = set(REQUIRED)
     out: dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -94,20 +97,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = parse_args(argv)
         seed = int(opts["seed"])
-        idle = float(opts.get("idle-timeout", os.environ.get(IDLE_ENV, "120")))
+        idle = float(opts["idle-timeout"])
     except (UsageError, ValueError) as exc:
         print(f"{USAGE}\n\nerror: {exc}", file=sys.stderr)
         return 2
 
     from .errors import SafetyReproError
-    from .worker.state import default_state_dir
+    from .worker.state import node_state_dir
 
-    state_dir = str(default_state_dir(os.path.abspath(opts["results-dir"])))
+    path = os.path.abspath
     try:
-        summary = send_cell(state_dir=state_dir, key=opts["key"], idle_timeout=idle,
-                            config=os.path.abspath(opts["config"]), model=opts["model"],
+        summary = send_cell(state_dir=str(node_state_dir(path(opts["state-root"]))), key=opts["key"],
+                            idle_timeout=idle, config=path(opts["config"]), model=opts["model"],
                             benchmark=opts["benchmark"], cell=opts["cell"], seed=seed,
-                            out=os.path.abspath(opts["out"]), quantization=opts["quantization"])
+                            out=path(opts["out"]), quantization=opts["quantization"],
+                            variant=opts["variant"], items=path(opts["items"]),
+                            fewshot=path(opts["fewshot"]))
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

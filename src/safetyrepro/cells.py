@@ -102,15 +102,24 @@ def run_cell_in_worker(lm, **kwargs) -> dict:
 
 # ---- the cell -------------------------------------------------------------------------------
 def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
+             variant: str = "main", items: str | None = None, fewshot: str | None = None,
              quantization: str | None = None, lm=None, progress: bool = True) -> dict:
-    """Run one cell and write its shard atomically to ``out``. Returns a small summary."""
-    from .plan import Plan
+    """Run one cell of ``variant`` and write its shard atomically to ``out``. ``items`` /
+    ``fewshot``: the item subset and few-shot pool files (default: the plan's);
+    ``quantization``, when given, must be the one the plan gives the variant. Returns a small
+    summary."""
+    from .plan import SHARD_ROOTS, Plan
     from .tasks import load_task
 
     cfg = _config(config)
     plan = Plan(cfg)
-    variant = "bf16" if quantization == "bf16" and cfg.model(model).get("quantization", "nf4") != "bf16" else "main"
-    quant = quantization or cfg.model(model).get("quantization", "nf4")
+    if variant not in SHARD_ROOTS:
+        raise CellError(f"cell {model}/{benchmark}/{cell}/s{seed}: unknown variant {variant!r} "
+                        f"(expected one of {sorted(SHARD_ROOTS)})")
+    quant = plan.quantization(model, variant)
+    if quantization is not None and quantization != quant:
+        raise CellError(f"cell {model}/{benchmark}/{cell}/s{seed}: quantization {quantization!r} given, "
+                        f"but {config} runs variant {variant!r} of {model} as {quant!r}")
     spec = CellSpec(model, benchmark, cell, int(seed), quant)
     try:
         c = Config.parse(cell)
@@ -123,8 +132,8 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         raise CellError(f"cell {spec.id}: seed {seed} out of range (decoding {c.decoding} runs "
                         f"{cfg.n_seeds(c.decoding)} seed(s))")
 
-    items, items_meta = _items(plan.items_path(benchmark))
-    pool, pool_meta = _items(plan.fewshot_path(benchmark))
+    items, items_meta = _items(Path(items) if items else plan.items_path(benchmark))
+    pool, pool_meta = _items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
     n_shots = cfg.rules.level("shots", c.shots)["n"]
     if n_shots > len(pool):
         raise CellError(f"cell {spec.id}: {n_shots} shots requested but the few-shot pool has {len(pool)}")
@@ -167,6 +176,7 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         "subset_hash": items_meta.get("subset_hash"),
         "fewshot_ids": [x["item_id"] for x in fewshot],
         "fewshot_hash": pool_meta.get("subset_hash"),
+        "variant": variant,
         "fingerprint": plan.cell_fingerprint(model, benchmark, cell, int(seed), variant),
         "model_info": dict(lm.info),
         "quantization": lm.info.get("quantization", quant),

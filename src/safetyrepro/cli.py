@@ -100,13 +100,14 @@ def run_cell(
     cell: str = typer.Option(..., "--cell", help="config id, e.g. T2-t0.3-k3-freeform"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(..., "--out", help="shard path (.parquet), written atomically"),
-    quantization: Optional[str] = typer.Option(None, "--quantization", help="override the model's quantization"),
+    variant: str = typer.Option("main", "--variant",
+                                help="main, or bf16 (the precision check: the model in bf16)"),
     worker: bool = typer.Option(False, "--worker/--no-worker",
                                 help="run inside the persistent per-model worker (started if needed)"),
 ):
     """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
     kwargs = dict(config=str(config.resolve()), model=model, benchmark=benchmark, cell=cell, seed=seed,
-                  out=str(out.resolve()), quantization=quantization)
+                  out=str(out.resolve()), variant=variant)
     if worker:
         from .cell_client import run_cell_via_worker
 

@@ -28,7 +28,10 @@ from .config import RunConfig
 from .hashing import canonical_hash
 from .paths import PACKAGE_DIR
 
-VARIANTS = ("main", "bf16")   # bf16 = the precision check on the conservative_core sub-envelope
+# variant -> the folder of its shards under the results folder. "bf16" is the precision
+# check: the conservative_core sub-envelope in bf16, for every model.
+SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
+SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
 
 
 def source_hash(*rel_paths: str, exclude: tuple[str, ...] = ()) -> str:
@@ -65,9 +68,24 @@ class Plan:
     def model_marker(self, model: str) -> Path:
         return self.results / "models" / f"{model}.json"
 
-    def shard_path(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main") -> Path:
-        root = "shards" if variant == "main" else f"shards_{variant}"
-        return self.results / root / model / benchmark / config_id / f"s{seed}.parquet"
+    def shard_path(self, model: str, benchmark: str, config_id: str, seed: int | str, variant: str = "main") -> Path:
+        return self.results / SHARD_PATTERN.format(shards=SHARD_ROOTS[variant], model=model,
+                                                   benchmark=benchmark, config=config_id, seed=seed)
+
+    @staticmethod
+    def variant_of_shard_root(root: str) -> str:
+        """The variant whose shards live in ``root`` (a folder name of :data:`SHARD_ROOTS`)."""
+        for variant, r in SHARD_ROOTS.items():
+            if r == root:
+                return variant
+        raise ValueError(f"{root!r} is no shard folder (expected one of {sorted(SHARD_ROOTS.values())})")
+
+    def cell_priority(self, model: str, variant: str = "main") -> int:
+        """Scheduling priority of a model's cells: every model's cells above the next model's
+        (so one model's cells run together and each model is loaded about once per run), a
+        model's main cells just above its bf16 cells."""
+        rank = self.cfg.models.index(model)
+        return 2 * (len(self.cfg.models) - rank) - (variant != "main")
 
     # ---- jobs -----------------------------------------------------------------------------
     def envelope(self, variant: str = "main") -> str:
@@ -109,14 +127,22 @@ class Plan:
 
     # ---- model workers --------------------------------------------------------------------
     @property
-    def worker_state_dir(self) -> Path:
-        from .worker.state import default_state_dir
+    def worker_state_root(self) -> Path:
+        """The folder holding each node's worker state folder (``<root>/<hostname>``)."""
+        from .worker.state import state_root
 
-        return default_state_dir(self.results)
+        return state_root(self.results)
+
+    @property
+    def worker_state_dir(self) -> Path:
+        """This node's worker state folder."""
+        from .worker.state import node_state_dir
+
+        return node_state_dir(self.worker_state_root)
 
     @property
     def worker_idle_timeout(self) -> float:
-        return float(self.cfg.section("runtime").get("worker_idle_timeout_s", 120))
+        return float(self.cfg.section("runtime")["worker_idle_timeout_s"])  # default: config.DEFAULTS
 
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, model source): a changed source loads afresh."""

@@ -1,50 +1,42 @@
-# One job per (model, benchmark, config, seed) cell. Each job is a thin client of the
-# persistent per-model worker (see safetyrepro.worker) that holds the weights. One rule per
-# model and variant (main; bf16 = the precision check on conservative_core), with descending
-# priorities, so a model's cells run together and each model is loaded about once per run.
+# One job per cell: (model, benchmark, config, seed) of a variant (main, or bf16 = the
+# precision check on conservative_core; its shards live under shards_bf16/). One rule,
+# `cell`, so `--set-resources cell:...` reaches every cell job; its priority is a function
+# of the model (Plan.cell_priority), so a model's cells run together and each model is
+# loaded about once per run. Each job is a thin client of the persistent per-model worker
+# (see safetyrepro.worker) that holds the weights; it passes the worker everything the
+# cell reads (config, variant, item and few-shot files) as arguments.
 
-for _rank, _model in enumerate(RUN.models):
-    for _variant in ("main", "bf16"):
-        _quant = PLAN.quantization(_model, _variant)
 
-        rule:
-            name:
-                f"cell_{_model}" if _variant == "main" else f"cell_{_variant}_{_model}"
-            input:
-                unpack(cell_inputs(_model)),
-            output:
-                rel(
-                    PLAN.shard_path(
-                        _model, "{benchmark}", "{config}", "{seed}", _variant
-                    )
-                ),
-            log:
-                rel(
-                    PLAN.results
-                    / "logs"
-                    / "cells"
-                    / _variant
-                    / _model
-                    / "{benchmark}"
-                    / "{config}"
-                    / "s{seed}.log"
-                ),
-            priority: 2 * (len(RUN.models) - _rank) - (_variant != "main")
-            conda:
-                ENV
-            resources:
-                gpu=1,
-                mem_mb=4000,
-            params:
-                # the results folder, from the prepared-model marker results/models/<m>.json
-                results=lambda w, input: os.path.dirname(os.path.dirname(input.model)),
-                config=CONFIG,
-                model=_model,
-                quant=_quant,
-                key=PLAN.worker_key(_model, _quant),
-                fingerprint=cell_fingerprint(_model, _variant),
-            shell:
-                '"$PY" -m safetyrepro.cell_client --results-dir {params.results} --key {params.key}'
-                " --quantization {params.quant} --config {params.config} --model {params.model}"
-                " --benchmark {wildcards.benchmark} --cell {wildcards.config}"
-                " --seed {wildcards.seed} --out {output} > {log} 2>&1"
+rule cell:
+    input:
+        subset=lambda w: rel(PLAN.items_path(w.benchmark)),
+        fewshot=lambda w: rel(PLAN.fewshot_path(w.benchmark)),
+        model=lambda w: rel(PLAN.model_marker(w.model)),
+    output:
+        f"{RESULTS}/{SHARD_PATTERN}",
+    log:
+        f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config}}/s{{seed}}.log",
+    wildcard_constraints:
+        shards="|".join(SHARD_ROOTS.values()),
+    priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
+    conda:
+        ENV
+    resources:
+        gpu=1,
+        mem_mb=4000,
+    params:
+        config=CONFIG,
+        variant=cell_variant,
+        quant=cell_quantization,
+        key=lambda w: PLAN.worker_key(w.model, cell_quantization(w)),
+        state_root=rel(PLAN.worker_state_root),
+        idle=PLAN.worker_idle_timeout,
+        fingerprint=lambda w: PLAN.cell_fingerprint(
+            w.model, w.benchmark, w.config, int(w.seed), cell_variant(w)
+        ),
+    shell:
+        '"$PY" -m safetyrepro.cell_client --config {params.config} --model {wildcards.model}'
+        " --variant {params.variant} --quantization {params.quant} --benchmark {wildcards.benchmark}"
+        " --cell {wildcards.config} --seed {wildcards.seed} --items {input.subset}"
+        " --fewshot {input.fewshot} --state-root {params.state_root} --key {params.key}"
+        " --idle-timeout {params.idle} --out {output} > {log} 2>&1"

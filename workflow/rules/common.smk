@@ -1,13 +1,18 @@
 # Shared set-up: validate the config against config/schema, build the plan, and define the
 # input functions and wildcard constraints every other rule file uses.
 import os
+import re
 import sys
 import time
 from pathlib import Path
 
+from snakemake.utils import min_version
+
 from safetyrepro.config import config_from_dict, load_config
 from safetyrepro.errors import SafetyReproError
-from safetyrepro.plan import Plan
+from safetyrepro.plan import SHARD_PATTERN, SHARD_ROOTS, Plan
+
+min_version("9.0")
 
 if len(workflow.configfiles) > 1:
     sys.exit("error: pass exactly one --configfile (jobs read that one file)")
@@ -42,12 +47,8 @@ RESULTS = rel(PLAN.results)
 CONFIG = rel(CONFIG_PATH)
 ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
 
-# Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...);
-# the cell jobs' worker client reads the worker idle timeout from the environment.
-shell.prefix(
-    f'set -euo pipefail; PY="{sys.executable}"; '
-    f"export SAFETYREPRO_WORKER_IDLE_S={PLAN.worker_idle_timeout}; "
-)
+# Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...).
+shell.prefix(f'set -euo pipefail; PY="{sys.executable}"; ')
 
 
 wildcard_constraints:
@@ -111,28 +112,13 @@ def analysis_targets():
 ANALYSIS = RUN.section("analysis")
 
 
-def cell_inputs(model):
-    """An input function for one model's cell rule: item subset, few-shot pool, prepared model."""
-
-    def inputs(wildcards):
-        return {
-            "subset": rel(PLAN.items_path(wildcards.benchmark)),
-            "fewshot": rel(PLAN.fewshot_path(wildcards.benchmark)),
-            "model": rel(PLAN.model_marker(model)),
-        }
-
-    return inputs
+def cell_variant(wildcards):
+    """The variant of a cell job, from its shard folder (main: shards/, bf16: shards_bf16/)."""
+    return PLAN.variant_of_shard_root(wildcards.shards)
 
 
-def cell_fingerprint(model, variant):
-    """A params function for one model's cell rule (bound here, not in a loop lambda)."""
-
-    def fingerprint(wildcards):
-        return PLAN.cell_fingerprint(
-            model, wildcards.benchmark, wildcards.config, int(wildcards.seed), variant
-        )
-
-    return fingerprint
+def cell_quantization(wildcards):
+    return PLAN.quantization(wildcards.model, cell_variant(wildcards))
 
 
 onstart:

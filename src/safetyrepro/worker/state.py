@@ -49,14 +49,22 @@ def hostname() -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
-def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
-    """``$SAFETYREPRO_WORKER_DIR/<host>`` if that is set, else ``<results_dir>/.workers/<host>``.
-
-    The host level matters on clusters whose nodes share the results filesystem: workers,
-    sockets and locks are per node."""
+def state_root(results_dir: str | os.PathLike) -> Path:
+    """``$SAFETYREPRO_WORKER_DIR`` if that is set, else ``<results_dir>/.workers``: the folder
+    holding one state folder per node."""
     root = os.environ.get(STATE_DIR_ENV)
-    base = Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
-    return base / (host or hostname())
+    return Path(root) if root else Path(results_dir) / WORKERS_SUBDIR
+
+
+def node_state_dir(root: str | os.PathLike, host: str | None = None) -> Path:
+    """``<root>/<host>``: the host level matters on clusters whose nodes share the results
+    filesystem (workers, sockets and locks are per node), so a job resolves it where it runs."""
+    return Path(root) / (host or hostname())
+
+
+def default_state_dir(results_dir: str | os.PathLike, host: str | None = None) -> Path:
+    """This node's state folder for a results folder (:func:`state_root`/<host>)."""
+    return node_state_dir(state_root(results_dir), host)
 
 
 def check_key(key: str) -> str:
