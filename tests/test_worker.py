@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from safetyrepro.errors import CellError, ModelError, SafetyReproError
-from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError, format_summary,
+from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError, WorkerStartError,
+                                format_summary,
                                 make_key, run_in_worker, stop_workers, summarize_events,
                                 worker_status)
 from safetyrepro.worker.events import read_events
@@ -25,7 +26,8 @@ from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, code_stamp,
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
-ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
+# The test switch: workers started by these tests may also run worker_targets' functions.
+ENV = dict(os.environ, PYTHONPATH=PYTHONPATH, SAFETYREPRO_WORKER_TEST_TARGETS="worker_targets")
 LOADER = "worker_targets:load"
 LOAD_DELAY = 0.2
 
@@ -494,3 +496,204 @@ def test_cell_client_arguments_are_checked():
     seed_at = full.index("--seed") + 1
     assert main(full[:seed_at] + ["x"] + full[seed_at + 1:]) == 2          # a seed that is not an integer
     assert main(["--help"]) == 0
+
+
+# ---- who may connect, what may be run (issue 15) ---------------------------------------------
+
+def _raw_exchange(sock_path, request):
+    """Connect as a foreign client would, read the hello, send ``request``; the reply."""
+    import socket as _socket
+
+    from safetyrepro.worker.protocol import recv_message, send_message
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(sock_path))
+    try:
+        hello = recv_message(s)
+        send_message(s, request)
+        return hello, recv_message(s)
+    finally:
+        s.close()
+
+
+def test_a_forged_frame_naming_a_foreign_target_is_refused(sd, tmp_path):
+    pid = call(sd, "m1", "echo")["pid"]
+    marker = tmp_path / "pwned"
+    # The pid file (all a forged hello needs) names the socket; the frame names pydoc's pager,
+    # which would run a shell command.
+    sock = read_pid_file(WorkerPaths(sd, "m1").pid)["sock"]
+    hello, reply = _raw_exchange(sock, {"op": "call", "target": "pydoc:pipepager",
+                                        "kwargs": {"cmd": f"touch {marker}"}})
+    assert hello["pid"] == pid
+    assert reply["ok"] is False and reply["error_type"] == "TargetNotAllowed"
+    assert "pydoc:pipepager" in reply["message"]
+    with pytest.raises(WorkerCallError) as ei:                      # through the client too
+        run_in_worker(sd, "m1", LOADER, {"tag": "m1", "delay": LOAD_DELAY}, "os:system",
+                      {"command": f"touch {marker}"}, env=ENV, idle_timeout=30)
+    assert ei.value.error_type == "TargetNotAllowed"
+    time.sleep(0.2)
+    assert not marker.exists()
+    assert call(sd, "m1", "echo")["pid"] == pid                     # the worker keeps serving
+    assert [e["target"] for e in events(sd, "refused")] == ["pydoc:pipepager", "os:system"]
+
+
+def test_without_the_test_switch_only_the_cell_call_runs(sd):
+    env = {k: v for k, v in ENV.items() if k != "SAFETYREPRO_WORKER_TEST_TARGETS"}
+    with pytest.raises(WorkerStartError, match="not a worker loader"):
+        run_in_worker(sd, "m1", LOADER, {"tag": "m1"}, "worker_targets:echo", {}, env=env,
+                      idle_timeout=30)
+
+
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as a second uid")
+NOBODY = 65534
+
+
+def _open_dir(tmp_root):
+    """A state folder whose parents a second uid can traverse (pytest's are 0700)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="srw-"))
+    os.chmod(d, 0o711)
+    return d
+
+
+@needs_root
+def test_the_worker_refuses_a_second_uid(tmp_path):
+    base = _open_dir(tmp_path)
+    sd = base / "w"
+    try:
+        pid = call(sd, "m1", "echo")["pid"]
+        sock = WorkerPaths(sd, "m1").sock
+        os.chmod(sd, 0o711)                 # loosen what guards the socket, as a shared
+        os.chmod(sock, 0o777)               # folder or a careless umask would
+        child = os.fork()
+        if child == 0:                      # a second user connects and sends a forged call
+            code = 3
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                import socket as _socket
+
+                from safetyrepro.worker.protocol import ConnectionClosed, recv_message
+
+                s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+                s.settimeout(10)
+                s.connect(str(sock))
+                try:
+                    recv_message(s)
+                    code = 1                # got a hello: the worker talked to uid 65534
+                except ConnectionClosed:
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.WEXITSTATUS(status) == 0
+        (ref,) = events(sd, "refused")
+        assert ref["peer_uid"] == NOBODY and ref["pid"] == pid
+        assert "refused a connection from pid" in WorkerPaths(sd, "m1").log.read_text()
+        assert call(sd, "m1", "echo")["pid"] == pid
+        assert (os.stat(sd).st_mode & 0o777) == 0o700                # put back on use
+    finally:
+        stop_workers(sd, timeout=5)
+        import shutil
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_root
+def test_the_client_refuses_a_socket_served_by_a_second_uid(sd):
+    import socket as _socket
+
+    paths = WorkerPaths(sd, "m1")
+    paths.ensure_dir()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:                          # a second user's process answers on the socket
+        try:
+            os.close(r)
+            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            s.bind(str(paths.sock))
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            s.listen(1)                     # SO_PEERCRED reports the uid as of listen()
+            os.write(w, b"x")
+            conn, _ = s.accept()
+            from safetyrepro.worker.protocol import send_message
+
+            send_message(conn, {"hello": 1, "protocol": 1, "pid": os.getpid(), "key": "m1",
+                                "spec": "forged", "phase": "ready"})
+            time.sleep(2)
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    try:
+        with pytest.raises(SafetyReproError, match=f"of uid {NOBODY}, not by a worker of yours"):
+            call(sd, "m1", "echo")
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_state_folder_and_files_are_private(sd):
+    sd.mkdir(parents=True)
+    os.chmod(sd, 0o755)                     # made by an older version, or by hand
+    call(sd, "m1", "echo")
+    assert (os.stat(sd).st_mode & 0o777) == 0o700
+    names = {p.name: os.stat(p).st_mode & 0o777 for p in sd.iterdir()}
+    for name in ("m1.pid", "m1.lock", "m1.log", "start.lock", "device.lock", "events.jsonl"):
+        assert names[name] == 0o600, (name, oct(names[name]))
+    assert names["m1.sock"] & 0o077 == 0
+
+
+def test_a_symlinked_state_folder_is_refused(tmp_path):
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    link = tmp_path / "w"
+    link.symlink_to(real)
+    with pytest.raises(SafetyReproError, match=f"{link} is a symbolic link"):
+        call(link, "m1", "echo")
+    assert list(real.iterdir()) == []
+
+
+@needs_root
+def test_a_foreign_state_folder_is_refused_naming_its_owner(tmp_path):
+    d = tmp_path / "w"
+    d.mkdir(mode=0o777)
+    os.chown(d, NOBODY, NOBODY)
+    with pytest.raises(SafetyReproError, match=rf"{d} is owned by \S+ \(uid {NOBODY}\)"):
+        call(d, "m1", "echo")
+    assert list(d.iterdir()) == []
+
+
+def test_a_planted_short_socket_folder_is_refused(tmp_path, monkeypatch):
+    import tempfile
+
+    from safetyrepro.worker.state import short_socket_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / f"safetyrepro-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SafetyReproError, match="is a symbolic link"):
+        short_socket_dir()
+
+
+@pytest.mark.parametrize("name", ["device.lock", "m1.lock", "start.lock", "m1.log"])
+def test_a_planted_link_is_never_followed(sd, tmp_path, name):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    sd.mkdir(parents=True, mode=0o700)
+    (sd / name).symlink_to(victim)
+    with pytest.raises(SafetyReproError, match=f"{sd / name} is a symbolic link"):
+        call(sd, "m1", "echo")
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_planted_events_link_is_not_followed_and_the_call_still_runs(sd, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    sd.mkdir(parents=True, mode=0o700)
+    (sd / "events.jsonl").symlink_to(victim)
+    assert call(sd, "m1", "echo", {"value": 4})["value"] == 4
+    assert victim.read_text() == "precious\n"
+    assert "events.jsonl is a symbolic link" in WorkerPaths(sd, "m1").log.read_text()

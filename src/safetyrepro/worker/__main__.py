@@ -28,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
         loader_args = json.loads(args.loader_arg)
     except ValueError as exc:
         parser.error(f"--loader-arg is not JSON: {exc}")
+    from ..errors import SafetyReproError
     from .server import serve
     try:
         return serve(args.state_dir, args.key, args.loader, loader_args,
                      idle_timeout=args.idle_timeout, slots=args.slots, detach=args.detach)
-    except ValueError as exc:
+    except (ValueError, SafetyReproError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

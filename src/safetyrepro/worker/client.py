@@ -22,9 +22,11 @@ if TYPE_CHECKING:
     from typing import Any
 
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
-from .protocol import PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message, recv_message, send_frame
+from .protocol import (PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message,
+                       peer_credentials, recv_message, send_frame)
 from .state import (FileLock, WorkerPaths, is_worker_process, list_pid_files, lock_is_held,
-                    log_tail, pid_alive, read_holder, read_pid_file, remove_if_owned, spec_hash)
+                    log_tail, open_private, pid_alive, read_holder, read_pid_file,
+                    remove_if_owned, spec_hash)
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 DEFAULT_START_TIMEOUT = 60.0
@@ -69,6 +71,12 @@ def connect(paths: WorkerPaths, timeout: float = HELLO_TIMEOUT) -> _Connection |
         sock.close()
         raise WorkerError(f"the worker socket {paths.sock} for {paths.key} accepted no connection "
                           f"within {timeout:.0f} s; last lines of {paths.log}:\n{log_tail(paths.log)}")
+    creds = peer_credentials(sock)
+    if creds is not None and creds[1] != os.getuid():
+        sock.close()              # never send a cell (paths, config) to another user's process
+        raise WorkerError(f"{paths.sock} is served by pid {creds[0]} of uid {creds[1]}, not by "
+                          f"a worker of yours (uid {os.getuid()}); refusing to talk to it: "
+                          f"remove the socket, or set the worker state folder to one of your own")
     try:
         hello = recv_message(sock)
     except (ConnectionClosed, ConnectionError):
@@ -123,7 +131,7 @@ def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle
            "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
            "--loader-arg", json.dumps(loader_args, sort_keys=True),
            "--idle-timeout", repr(float(idle_timeout)), "--slots", str(int(slots)), "--detach"]
-    with open(paths.log, "ab") as logf:
+    with os.fdopen(open_private(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as logf:
         logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} client pid {os.getpid()} starts "
                    f"a worker for {paths.key}\n".encode())
         logf.flush()

@@ -35,10 +35,11 @@ from typing import Any, Callable
 
 from ..errors import SafetyReproError
 from .events import append_event
-from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message,
+from .errors import WorkerError
+from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message, peer_credentials,
                        recv_message, send_frame, send_message)
-from .state import (FileLock, WorkerPaths, hostname, read_holder, remove_if_owned, spec_hash,
-                    write_json_atomic)
+from .state import (FileLock, WorkerPaths, hostname, open_private, read_holder, remove_if_owned,
+                    spec_hash, write_json_atomic)
 
 log = logging.getLogger("safetyrepro.worker")
 
@@ -48,6 +49,28 @@ EXIT_ALREADY_RUNNING = 3
 REQUEST_READ_TIMEOUT = 60.0
 DEVICE_POLL_S = 0.1
 DEVICE_LOG_EVERY_S = 30.0
+
+
+# What a worker may be asked to run: its loader (from its command line) and the cell call
+# (from a client over the socket). Nothing else is importable through the socket: a frame
+# naming another ``module:function`` is refused. Tests add their own target modules through
+# TEST_TARGETS_ENV (a comma-separated list of module names), set only in the environment of
+# the workers they start.
+ALLOWED_LOADERS = frozenset({"safetyrepro.cells:load_for_worker"})
+ALLOWED_TARGETS = frozenset({"safetyrepro.cells:run_cell_in_worker"})
+TEST_TARGETS_ENV = "SAFETYREPRO_WORKER_TEST_TARGETS"
+
+
+def test_target_modules() -> frozenset[str]:
+    raw = os.environ.get(TEST_TARGETS_ENV, "")
+    return frozenset(m.strip() for m in raw.split(",") if m.strip())
+
+
+def is_allowed(spec: str, allowed: frozenset[str], test_modules: frozenset[str]) -> bool:
+    """Whether ``module:function`` is one of ``allowed``, or a function of a test module."""
+    module, sep, attr = str(spec).partition(":")
+    return spec in allowed or (bool(sep) and module in test_modules and "." not in attr
+                               and not attr.startswith("_"))
 
 
 def resolve_callable(spec: str) -> Callable[..., Any]:
@@ -147,6 +170,10 @@ class Worker:
         self.loader_args = loader_args
         self.idle_timeout = float(idle_timeout)
         self.slots = int(slots)
+        self.test_modules = test_target_modules()
+        if not is_allowed(loader, ALLOWED_LOADERS, self.test_modules):
+            raise ValueError(f"loader {loader!r} is not a worker loader (allowed: "
+                             f"{sorted(ALLOWED_LOADERS)})")
         self.spec = spec_hash(loader, loader_args)
         self.pid = os.getpid()
         self.host = hostname()
@@ -175,7 +202,7 @@ class Worker:
                "t": time.time(), **fields}
         try:
             append_event(self.paths.events, rec)
-        except OSError as exc:
+        except (OSError, WorkerError) as exc:
             log.warning("cannot append to %s: %s", self.paths.events, exc)
 
     def _hello(self) -> dict[str, Any]:
@@ -263,6 +290,14 @@ class Worker:
     def _handle(self, conn: socket.socket) -> None:
         handed_off = False
         try:
+            creds = peer_credentials(conn)
+            if creds is not None and creds[1] != os.getuid():
+                # Another user reached the socket (a loosened mode, a shared folder): say
+                # nothing, not even the hello.
+                log.warning("refused a connection from pid %d, uid %d (this worker serves "
+                            "uid %d only)", creds[0], creds[1], os.getuid())
+                self._event("refused", peer_pid=creds[0], peer_uid=creds[1])
+                return
             conn.settimeout(REQUEST_READ_TIMEOUT)
             send_message(conn, self._hello())
             req = recv_message(conn)
@@ -277,6 +312,15 @@ class Worker:
                     send_message(conn, {"ok": False, "phase": "call", "error_type": "ProtocolError",
                                         "safetyrepro_error": False, "fatal": False, "retry": False,
                                         "message": "call needs 'target' (str) and 'kwargs' (object)",
+                                        "traceback": ""})
+                    return
+                if not is_allowed(req["target"], ALLOWED_TARGETS, self.test_modules):
+                    log.warning("refused a call of %r: not one of this worker's calls", req["target"])
+                    self._event("refused", target=str(req["target"])[:200])
+                    send_message(conn, {"ok": False, "phase": "call", "error_type": "TargetNotAllowed",
+                                        "safetyrepro_error": False, "fatal": False, "retry": False,
+                                        "message": f"{req['target']!r} is not one of this worker's "
+                                                   f"calls (allowed: {sorted(ALLOWED_TARGETS)})",
                                         "traceback": ""})
                     return
                 reply = None
@@ -531,6 +575,10 @@ def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict
     _setup_logging()
     paths = WorkerPaths(state_dir, key)
     paths.ensure_dir()
+    for slot in range(max(int(slots), 1)):
+        # Open (create) the device lock files now, so that a planted link or foreign file
+        # fails the start with its name rather than a worker that has already said "ready".
+        os.close(open_private(paths.device_lock(slot), os.O_RDWR | os.O_CREAT))
     key_lock = FileLock(paths.key_lock)
     if not key_lock.acquire(timeout=2.0):
         log.error("a worker for %s is already running: %s", key, read_holder(paths.key_lock))

@@ -20,6 +20,7 @@ Standard library only (imported by every cell client).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -27,6 +28,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 from pathlib import Path
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
@@ -133,7 +135,7 @@ class WorkerPaths:
         return self.state_dir / ("device.lock" if slot == 0 else f"device.{slot}.lock")
 
     def ensure_dir(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
 
 
 def socket_path(state_dir: Path, key: str) -> Path:
@@ -151,11 +153,75 @@ def short_socket_dir() -> Path:
     import tempfile
 
     d = Path(tempfile.gettempdir()) / f"safetyrepro-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
     if len(os.fsencode(str(d))) > MAX_SOCKET_PATH - 30:
         d = Path("/tmp") / f"safetyrepro-{os.getuid()}"
-        d.mkdir(mode=0o700, exist_ok=True)
+    return private_dir(d)
+
+
+# ---- private files and folders ------------------------------------------------------------
+#
+# Whoever can connect to a worker's socket can ask it to run a cell (and read its files);
+# whoever can write into its state folder can plant a link where a lock, log or pid file is
+# opened. So the state folder (and the short socket folder under /tmp, a predictable name)
+# must be a real folder owned by this user with mode 0700, and every file in it is opened
+# without following symbolic links and created 0600.
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` (parents as needed) or check the existing one: a real folder (not a
+    symbolic link) owned by this user; its mode is set to 0700. WorkerError naming the path
+    and its owner otherwise."""
+    d = Path(path)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode):
+        raise WorkerError(f"worker state folder {d} is a symbolic link (to {os.readlink(d)}), "
+                          f"owned by {_owner(st.st_uid)}; refusing to use it: remove it, or set "
+                          f"{STATE_DIR_ENV} to a folder of your own")
+    if not stat.S_ISDIR(st.st_mode):
+        raise WorkerError(f"worker state folder {d} exists and is not a folder; remove it")
+    if st.st_uid != os.getuid():
+        raise WorkerError(f"worker state folder {d} is owned by {_owner(st.st_uid)}, not by "
+                          f"{_owner(os.getuid())}; refusing to use it (someone else could plant "
+                          f"files or links there): remove it, or set {STATE_DIR_ENV} to a "
+                          "folder of your own")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        os.chmod(d, 0o700)
     return d
+
+
+def open_private(path: str | os.PathLike, flags: int) -> int:
+    """``os.open`` a file of a state folder: never through a symbolic link, created 0600,
+    and refused unless it is a regular file owned by this user (made 0600 if it was not)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WorkerError(f"{path} is a symbolic link; refusing to open it (remove it)") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise WorkerError(f"{path} is not a regular file owned by {_owner(os.getuid())} "
+                              f"(owner: {_owner(st.st_uid)}); refusing to use it")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # ---- locks ------------------------------------------------------------------------------
@@ -177,7 +243,7 @@ class FileLock:
         (``0`` = one try). Returns whether the lock is held."""
         if self._fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
@@ -280,8 +346,14 @@ def is_worker_process(pid: int, key: str | None = None) -> bool:
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    """Write a private (0600) JSON file by rename; a link planted at ``path`` is replaced,
+    not followed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True), encoding="utf-8")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, sort_keys=True))
     os.replace(tmp, path)
 
 
