@@ -176,10 +176,10 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
     paths = {"cell_scores": out_dir / f"cell_scores{suffix}.parquet"}
     write_parquet(cells, paths["cell_scores"], meta)
     if variant == "main":
-        from .io import atomic_write_text
+        from .io import atomic_write_text, write_csv
 
         paths["cell_scores_csv"] = out_dir / "cell_scores.csv"
-        atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
+        write_csv(cells, paths["cell_scores_csv"])
         paths["item_results"] = out_dir / "item_results.parquet"
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
         from .cells import read_shard

@@ -41,6 +41,31 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+# A spreadsheet reads a cell starting with one of these as a formula (CSV/formula injection:
+# a model or benchmark named "=HYPERLINK(...)" in an input table would run when the CSV is
+# opened). Text cells starting with them are written with a leading apostrophe, which
+# spreadsheets show as text; numbers (a negative score) are not text and stay as they are.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(df):
+    """A copy of a pandas frame whose text cells cannot start a spreadsheet formula."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
+            out[col] = out[col].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_PREFIXES)
+                                    else v)
+    out.columns = [("'" + c) if isinstance(c, str) and c.startswith(FORMULA_PREFIXES) else c
+                   for c in out.columns]
+    return out
+
+
+def write_csv(df, path: str | Path) -> Path:
+    """Write a pandas frame as CSV atomically, neutralising formula-like text (see above)."""
+    atomic_write_text(path, spreadsheet_safe(df).to_csv(index=False))
+    return Path(path)
+
+
 def _to_arrow(table) -> pa.Table:
     if isinstance(table, pa.Table):
         return table
