@@ -35,8 +35,8 @@ rule cell:
             w.model, w.benchmark, w.config, int(w.seed), cell_variant(w)
         ),
     shell:
-        '"$PY" -m safetyrepro.cell_client --config {params.config} --model {wildcards.model}'
-        " --variant {params.variant} --quantization {params.quant} --benchmark {wildcards.benchmark}"
-        " --cell {wildcards.config} --seed {wildcards.seed} --items {input.subset}"
-        " --fewshot {input.fewshot} --state-root {params.state_root} --key {params.key}"
-        " --idle-timeout {params.idle} --out {output} > {log} 2>&1"
+        '"$PY" -m safetyrepro.cell_client --config {params.config:q} --model {wildcards.model:q}'
+        " --variant {params.variant:q} --quantization {params.quant:q} --benchmark {wildcards.benchmark:q}"
+        " --cell {wildcards.config:q} --seed {wildcards.seed:q} --items {input.subset:q}"
+        " --fewshot {input.fewshot:q} --state-root {params.state_root:q} --key {params.key:q}"
+        " --idle-timeout {params.idle:q} --out {output:q} > {log:q} 2>&1"

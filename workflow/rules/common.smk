@@ -2,6 +2,7 @@
 # input functions and wildcard constraints every other rule file uses.
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -48,7 +49,9 @@ CONFIG = rel(CONFIG_PATH)
 ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
 
 # Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...).
-shell.prefix(f'set -euo pipefail; PY="{sys.executable}"; ')
+# Every path and value a rule's shell command interpolates is shell-quoted ({x:q}), so a
+# results folder with a space (or a value holding "$(...)") is one argument, never code.
+shell.prefix(f"set -euo pipefail; PY={shlex.quote(sys.executable)}; ")
 
 
 wildcard_constraints:

@@ -15,5 +15,5 @@ rule items:
         config=CONFIG,
         fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
     shell:
-        '"$PY" -m safetyrepro items --config {params.config} --benchmark {wildcards.benchmark}'
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro items --config {params.config:q} --benchmark {wildcards.benchmark:q}'
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

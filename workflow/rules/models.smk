@@ -13,5 +13,5 @@ rule prepare_model:
         config=CONFIG,
         fingerprint=lambda w: PLAN.source_fingerprint(w.model),
     shell:
-        '"$PY" -m safetyrepro prepare-model --config {params.config} --model {wildcards.model}'
-        " --marker {output} 2> {log}"
+        '"$PY" -m safetyrepro prepare-model --config {params.config:q} --model {wildcards.model:q}'
+        " --marker {output:q} 2> {log:q}"
