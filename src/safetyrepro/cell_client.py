@@ -16,7 +16,7 @@ import sys
 
 def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
               cell: str, seed: int, out: str, quantization: str, variant: str, items: str,
-              fewshot: str) -> dict:
+              fewshot: str, fingerprint: str | None = None) -> dict:
     from .worker.client import run_in_worker
 
     return run_in_worker(
@@ -26,7 +26,7 @@ def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, mod
         "safetyrepro.cells:run_cell_in_worker",
         {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
          "out": out, "quantization": quantization, "variant": variant, "items": items,
-         "fewshot": fewshot},
+         "fewshot": fewshot, "fingerprint": fingerprint},
         idle_timeout=idle_timeout,
         label=f"{model}/{benchmark}/{cell}/s{seed} ({variant}, {quantization})",
     )
@@ -45,15 +45,18 @@ def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, s
                      idle_timeout=plan.worker_idle_timeout, config=config, model=model,
                      benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant,
                      variant=variant, items=str(plan.items_path(benchmark)),
-                     fewshot=str(plan.fewshot_path(benchmark)))
+                     fewshot=str(plan.fewshot_path(benchmark)),
+                     fingerprint=plan.cell_fingerprint(model, benchmark, cell, seed, variant))
 
 
 REQUIRED = ("config", "model", "variant", "quantization", "benchmark", "cell", "seed", "items",
-            "fewshot", "state-root", "key", "idle-timeout", "out")
+            "fewshot", "state-root", "key", "idle-timeout", "fingerprint", "out")
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
          + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
          "--state-root: the folder of the per-node worker state folders (this node's is "
-         "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds.")
+         "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds; "
+         "--fingerprint: the cell fingerprint the workflow planned (the worker checks it "
+         "against its loaded code and data).")
 
 
 class UsageError(Exception):
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                             benchmark=opts["benchmark"], cell=opts["cell"], seed=seed,
                             out=path(opts["out"]), quantization=opts["quantization"],
                             variant=opts["variant"], items=path(opts["items"]),
-                            fewshot=path(opts["fewshot"]))
+                            fewshot=path(opts["fewshot"]), fingerprint=opts["fingerprint"])
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

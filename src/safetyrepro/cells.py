@@ -86,14 +86,34 @@ def load_for_worker(config: str, model: str, quantization: str | None = None):
     process may use), not the one-thread limit (``OMP_NUM_THREADS=1`` and friends) that
     Snakemake sets for each single-core job and that the worker inherits from the client that
     started it (measured: the worker then used one of this machine's two cores)."""
+    global _LOADED_CODE
     import torch
 
+    from . import inference  # noqa: F401 - import the code the hash below covers, now
+    from .inference import generate, kvcache, scoring  # noqa: F401
     from .models import load_model
     from .models.load import compute_threads
+    from .plan import Plan
 
     cfg = _config(config)
+    # The inference code this worker runs is the code it imported now: its hash is taken
+    # now, not from the disk at the end of a call (which may hold an edit made since).
+    _LOADED_CODE = Plan(cfg).inference_code
     torch.set_num_threads(compute_threads(cfg))
     return load_model(cfg, model, quantization=quantization)
+
+
+_LOADED_CODE: str | None = None  # inference-code hash at load (set by load_for_worker)
+
+
+class StaleWorkerError(CellError):
+    """The job's cell fingerprint differs from the one this worker computes from the code,
+    config, rules and task files it has loaded: it would compute the cell under stale
+    settings. The worker exits (``worker_fatal``) and the client retries once on a fresh
+    worker (``worker_stale``)."""
+
+    worker_fatal = True
+    worker_stale = True
 
 
 def run_cell_in_worker(lm, **kwargs) -> dict:
@@ -103,16 +123,21 @@ def run_cell_in_worker(lm, **kwargs) -> dict:
 # ---- the cell -------------------------------------------------------------------------------
 def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
              variant: str = "main", items: str | None = None, fewshot: str | None = None,
-             quantization: str | None = None, lm=None, progress: bool = True) -> dict:
+             quantization: str | None = None, lm=None, progress: bool = True,
+             fingerprint: str | None = None) -> dict:
     """Run one cell of ``variant`` and write its shard atomically to ``out``. ``items`` /
     ``fewshot``: the item subset and few-shot pool files (default: the plan's);
-    ``quantization``, when given, must be the one the plan gives the variant. Returns a small
+    ``quantization``, when given, must be the one the plan gives the variant;
+    ``fingerprint``, when given (the workflow's cell fingerprint), must be the one computed
+    here from the loaded code and data, else :class:`StaleWorkerError`. Returns a small
     summary."""
     from .plan import SHARD_ROOTS, Plan
     from .tasks import load_task
 
     cfg = _config(config)
     plan = Plan(cfg)
+    if lm is not None and _LOADED_CODE is not None:
+        plan.__dict__["inference_code"] = _LOADED_CODE  # the cached_property, as loaded
     if variant not in SHARD_ROOTS:
         raise CellError(f"cell {model}/{benchmark}/{cell}/s{seed}: unknown variant {variant!r} "
                         f"(expected one of {sorted(SHARD_ROOTS)})")
@@ -131,6 +156,13 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
     if int(seed) >= cfg.n_seeds(c.decoding):
         raise CellError(f"cell {spec.id}: seed {seed} out of range (decoding {c.decoding} runs "
                         f"{cfg.n_seeds(c.decoding)} seed(s))")
+    cell_fp = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant)
+    if fingerprint is not None and fingerprint != cell_fp:
+        raise StaleWorkerError(
+            f"cell {spec.id}: the job's fingerprint {fingerprint[:12]} differs from "
+            f"{cell_fp[:12]}, computed from the code, config ({config}), rules and task files "
+            "this process has loaded (one of them changed since it loaded them, or since the "
+            "workflow planned the job); nothing was computed")
 
     items, items_meta = _items(Path(items) if items else plan.items_path(benchmark))
     pool, pool_meta = _items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
@@ -177,7 +209,7 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         "fewshot_ids": [x["item_id"] for x in fewshot],
         "fewshot_hash": pool_meta.get("subset_hash"),
         "variant": variant,
-        "fingerprint": plan.cell_fingerprint(model, benchmark, cell, int(seed), variant),
+        "fingerprint": cell_fp,
         "model_info": dict(lm.info),
         "quantization": lm.info.get("quantization", quant),
         "device": lm.info.get("device"),
@@ -234,7 +266,8 @@ def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
     return streams, owners
 
 
-def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store) -> list:
+def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store,
+                       rules_stamp: str | None = None) -> list:
     """Generations of one (decoding, seed) of a free-form cell's decode group
     (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template and
     shots, with all their seeds). The whole group is generated in one pass (one prefill, all
@@ -246,9 +279,11 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
     from .inference import generate_streams
     from .inference.generate import copy_generations
 
-    # the prompts identify the template, shots and items; kw the generation settings
+    # the prompts identify the template, shots and items; kw the generation settings; the
+    # levels every decoding of the group (temperature, top_p, ...) and the rules stamp
     key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(prompts),
-           canonical_hash(kw | {"progress": None}), tuple(group))
+           canonical_hash(kw | {"progress": None}), tuple(group),
+           canonical_hash({d: levels[d] for d, _ in group}), rules_stamp)
     pending = _SEED_CACHE.get(key)
     if pending is None or (decoding, spec.seed) not in pending:
         streams, owners = group_streams(group, levels)
@@ -273,7 +308,8 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
     kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template),
               batch_size=cfg.data["generation"]["batch_size"], progress=progress)
     levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg))
+    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg),
+                              cfg.rules.stamp)
     rows = []
     for it, prompt, g in zip(items, prompts, gens):
         r = task.score_freeform(it, g.text)

@@ -39,4 +39,5 @@ rule cell:
         " --variant {params.variant:q} --quantization {params.quant:q} --benchmark {wildcards.benchmark:q}"
         " --cell {wildcards.config:q} --seed {wildcards.seed:q} --items {input.subset:q}"
         " --fewshot {input.fewshot:q} --state-root {params.state_root:q} --key {params.key:q}"
-        " --idle-timeout {params.idle:q} --out {output:q} > {log:q} 2>&1"
+        " --idle-timeout {params.idle:q} --fingerprint {params.fingerprint:q}"
+        " --out {output:q} > {log:q} 2>&1"

@@ -283,6 +283,7 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
     spec = spec_hash(loader, loader_args)
     frame = encode_message({"op": "call", "target": target, "kwargs": kwargs or {}, "label": label})
     what = label or target
+    stale_pid = None
     for attempt in range(MAX_ATTEMPTS):
         conn = connect(paths)
         if conn is not None and (conn.hello.get("spec") != spec or conn.hello.get("draining")):
@@ -317,7 +318,20 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
             continue
         if reply.get("ok"):
             return reply.get("result")
-        raise _remote_error(reply, paths, pid, target, label)
+        if reply.get("stale") and stale_pid is None and pid is not None:
+            # The worker found it holds stale code or data for this call and is exiting:
+            # retry once, on a fresh worker (after the stale one is gone).
+            stale_pid = pid
+            end = time.monotonic() + 60.0
+            while pid_alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
+            continue
+        err = _remote_error(reply, paths, pid, target, label)
+        if reply.get("stale"):
+            err.args = (f"{err.args[0]}\n(a fresh worker, pid {pid}, found the same mismatch after "
+                        f"the stale one, pid {stale_pid}, exited: the code, config, rules or task "
+                        "files changed after the workflow planned this job; run the workflow again)",)
+        raise err
     raise WorkerError(f"gave up running {what} after {MAX_ATTEMPTS} attempts: the worker for "
                       f"{key} kept shutting down (another client is taking the device?)")
 

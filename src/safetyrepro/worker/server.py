@@ -111,7 +111,9 @@ def error_reply(exc: BaseException, phase: str, *, fatal: bool = False, retry: b
             "safetyrepro_error": isinstance(exc, SafetyReproError),
             "message": message if message is not None else str(exc),
             "traceback": _format_remote(exc),
-            "fatal": fatal, "retry": retry}
+            "fatal": fatal, "retry": retry,
+            # the worker's loaded code/data is stale for this call (it exits; a fresh one retries)
+            "stale": bool(getattr(exc, "worker_stale", False))}
 
 
 def _retry_reply(reason: str) -> dict[str, Any]:

@@ -85,8 +85,10 @@ def make_key(*parts: str) -> str:
 
 def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
     """A cheap fingerprint of the installed ``safetyrepro`` sources (path, size and mtime of
-    every .py file). A worker started before the code changed is replaced, so a shard is
-    never computed by stale code under a new code version."""
+    every .py file and of the package's data files: task .yaml, .json). A worker started
+    before the code changed is replaced, so a shard is never computed by stale code under a
+    new code version (the cell fingerprint check in :func:`safetyrepro.cells.run_cell` is
+    the end-to-end guarantee)."""
     root = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     stack = [root]
@@ -98,7 +100,7 @@ def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
                 for e in it:
                     if e.is_dir(follow_symlinks=False) and e.name != "__pycache__":
                         stack.append(Path(e.path))
-                    elif e.name.endswith(".py"):
+                    elif e.name.endswith((".py", ".yaml", ".yml", ".json")):
                         st = e.stat()
                         entries.append(f"{e.path}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
