@@ -250,3 +250,28 @@ def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, 
         run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0,
                  out=str(tmp_path / "x.parquet"), variant="bf16", quantization="nf4", lm=lm16,
                  progress=False)
+
+
+def test_nan_logits_in_free_form_decoding_fail_the_cell_naming_the_item(setup, tmp_path):
+    """A model whose final norm is corrupted yields NaN logits: the free-form cell fails naming
+    its first item, instead of scoring token 0 as parse failures, and writes no shard."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from safetyrepro.items import read_items
+
+    d, path, lm = setup
+    broken = dataclasses.replace(lm, model=copy.deepcopy(lm.model))
+    with torch.no_grad():
+        broken.model.model.norm.weight.fill_(float("nan"))
+    ids = set(read_items(load_config(path).results_dir / "items" / "truthfulqa.parquet")[0]["item_id"])
+    out = tmp_path / "nan.parquet"
+    with pytest.raises(CellError, match=r"item (\S+): non-finite logit \(nan\)") as ei:
+        run_cell(config=path, model="smol", benchmark="truthfulqa", cell="T3-greedy-k5-freeform", seed=0,
+                 out=str(out), lm=broken, progress=False)
+    import re
+
+    assert re.search(r"item (\S+): non-finite", str(ei.value)).group(1) in ids   # a real item id
+    assert not out.exists()

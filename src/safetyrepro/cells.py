@@ -308,8 +308,14 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
     kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template),
               batch_size=cfg.data["generation"]["batch_size"], progress=progress)
     levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg),
-                              cfg.rules.stamp)
+    from .inference.generate import NonFiniteLogits
+
+    try:
+        gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw,
+                                  _prefills(lm, cfg), cfg.rules.stamp)
+    except NonFiniteLogits as exc:
+        item = next((it["item_id"] for it, p in zip(items, prompts) if p == exc.prompt), "?")
+        raise CellError(f"item {item}: {exc}") from exc
     rows = []
     for it, prompt, g in zip(items, prompts, gens):
         r = task.score_freeform(it, g.text)
