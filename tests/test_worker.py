@@ -697,3 +697,72 @@ def test_a_planted_events_link_is_not_followed_and_the_call_still_runs(sd, tmp_p
     assert call(sd, "m1", "echo", {"value": 4})["value"] == 4
     assert victim.read_text() == "precious\n"
     assert "events.jsonl is a symbolic link" in WorkerPaths(sd, "m1").log.read_text()
+
+
+# ---- shards: durable, swept, readable by collaborators (issue 15) -----------------------------
+
+def test_worker_killed_inside_the_shard_write_leaves_no_shard_and_the_rerun_sweeps(sd, tmp_path):
+    from safetyrepro.io import read_parquet
+
+    shards = tmp_path / "shards"
+    done = shards / "s0.parquet"
+    assert call(sd, "m1", "write_table", {"out": str(done), "n": 10})     # a finished shard
+    before = done.read_bytes()
+    out = shards / "s1.parquet"
+    marker = tmp_path / "in-fsync"
+    caught = []
+
+    def run():
+        try:
+            call(sd, "m1", "write_table", {"out": str(out), "n": 5000,
+                                           "hang_before_rename": str(marker)})
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            caught.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert wait_until(marker.exists, 20)
+    pid = read_pid_file(WorkerPaths(sd, "m1").pid)["pid"]
+    os.kill(pid, signal.SIGKILL)                       # inside the write: data in the temp file
+    t.join(20)
+    assert len(caught) == 1 and isinstance(caught[0], WorkerCrashed)
+    assert not out.exists()                            # nothing under the final name
+    left = list(shards.glob(".s1.parquet.*.tmp"))
+    assert len(left) == 1 and left[0].stat().st_size > 0
+    assert call(sd, "m1", "write_table", {"out": str(out), "n": 5000}) == str(out)   # the rerun
+    assert list(shards.glob(".s1.parquet.*.tmp")) == []                 # left-over swept
+    assert read_parquet(out)[0].num_rows == 5000
+    assert done.read_bytes() == before                                  # nothing lost
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_shards_and_tables_respect_the_umask(tmp_path, umask, mode):
+    import pyarrow as pa
+
+    from safetyrepro.io import atomic_write_text, write_parquet
+
+    old = os.umask(umask)
+    try:
+        write_parquet(pa.table({"x": [1]}), tmp_path / "a.parquet", {"kind": "test"})
+        atomic_write_text(tmp_path / "a.json", "{}")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "a.parquet").st_mode & 0o777 == mode
+    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == mode
+
+
+def test_cell_job_refuses_a_shard_that_does_not_read_back(tmp_path):
+    from safetyrepro.cell_client import check_shard_file
+
+    p = tmp_path / "s.parquet"
+    assert "cannot read it back" in check_shard_file(str(p))
+    p.write_bytes(b"")                                   # zero-length under the final name
+    assert "0 bytes" in check_shard_file(str(p))
+    import pyarrow as pa
+
+    from safetyrepro.io import write_parquet
+    write_parquet(pa.table({"x": [1, 2]}), p, {"kind": "test"})
+    assert check_shard_file(str(p)) is None
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])                # cut short
+    assert "complete Parquet" in check_shard_file(str(p))

@@ -59,6 +59,24 @@ USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n
          "against its loaded code and data).")
 
 
+def check_shard_file(path: str) -> str | None:
+    """Why ``path`` is not a complete Parquet file (missing, empty, cut short), or None. The
+    worker has read the shard back whole; this standard-library check is the job's own, in
+    its process, before it reports success (Parquet starts and ends with ``PAR1``)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(size - 4, 0))
+            tail = fh.read(4)
+    except OSError as exc:
+        return f"cannot read it back ({exc})"
+    if size < 12 or head != b"PAR1" or tail != b"PAR1":
+        return f"it does not read back as a complete Parquet file ({size} bytes)"
+    return None
+
+
 class UsageError(Exception):
     pass
 
@@ -118,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
                             fewshot=path(opts["fewshot"]), fingerprint=opts["fingerprint"])
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    problem = check_shard_file(path(opts["out"]))
+    if problem is not None:
+        print(f"error: the worker reported shard {path(opts['out'])} written, but {problem}",
+              file=sys.stderr)
         return 2
     print(json.dumps(summary))
     return 0

@@ -219,6 +219,12 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
     }
     table = pa.Table.from_pylist(rows, schema=SHARD_SCHEMA)
     write_parquet(table, out, meta)
+    _, back = read_shard(out)   # it reads back, whole, before the job reports success
+    if back.get("fingerprint") != cell_fp:
+        from .errors import ShardError
+
+        raise ShardError(f"{out}: read back with fingerprint {back.get('fingerprint')}, "
+                         f"expected {cell_fp} (another writer replaced it?)")
     import resource
 
     return {"out": str(out), "n_items": len(rows), "wall_s": wall,
