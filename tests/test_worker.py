@@ -57,6 +57,16 @@ def live_worker_pids(state_dir):
     return sorted(r["pid"] for r in worker_status(state_dir) if r.get("alive"))
 
 
+@pytest.fixture(autouse=True)
+def device_dir(tmp_path, monkeypatch):
+    """Each test its own node-wide device-lock folder (another session's run on this machine
+    must not make a test wait, nor a test stop it)."""
+    d = tmp_path / "devices"
+    monkeypatch.setenv("SAFETYREPRO_DEVICE_LOCK_DIR", str(d))
+    monkeypatch.setitem(ENV, "SAFETYREPRO_DEVICE_LOCK_DIR", str(d))
+    return d
+
+
 @pytest.fixture
 def sd(tmp_path):
     d = tmp_path / "w"
@@ -641,8 +651,10 @@ def test_state_folder_and_files_are_private(sd):
     call(sd, "m1", "echo")
     assert (os.stat(sd).st_mode & 0o777) == 0o700
     names = {p.name: os.stat(p).st_mode & 0o777 for p in sd.iterdir()}
-    for name in ("m1.pid", "m1.lock", "m1.log", "start.lock", "device.lock", "events.jsonl"):
+    for name in ("m1.pid", "m1.lock", "m1.log", "start.lock", "events.jsonl"):
         assert names[name] == 0o600, (name, oct(names[name]))
+    dev = WorkerPaths(sd, "m1").device_lock(0)
+    assert os.stat(dev).st_mode & 0o777 == 0o600 and os.stat(dev.parent).st_mode & 0o777 == 0o700
     assert names["m1.sock"] & 0o077 == 0
 
 
@@ -678,13 +690,14 @@ def test_a_planted_short_socket_folder_is_refused(tmp_path, monkeypatch):
         short_socket_dir()
 
 
-@pytest.mark.parametrize("name", ["device.lock", "m1.lock", "start.lock", "m1.log"])
+@pytest.mark.parametrize("name", ["device", "m1.lock", "start.lock", "m1.log"])
 def test_a_planted_link_is_never_followed(sd, tmp_path, name):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     sd.mkdir(parents=True, mode=0o700)
-    (sd / name).symlink_to(victim)
-    with pytest.raises(SafetyReproError, match=f"{sd / name} is a symbolic link"):
+    planted = WorkerPaths(sd, "m1").device_lock(0) if name == "device" else sd / name
+    planted.symlink_to(victim)
+    with pytest.raises(SafetyReproError, match=f"{planted} is a symbolic link"):
         call(sd, "m1", "echo")
     assert victim.read_text() == "precious\n"
 
@@ -766,3 +779,51 @@ def test_cell_job_refuses_a_shard_that_does_not_read_back(tmp_path):
     data = p.read_bytes()
     p.write_bytes(data[: len(data) // 2])                # cut short
     assert "complete Parquet" in check_shard_file(str(p))
+
+
+# ---- deadlines and the device (issue 15) ------------------------------------------------------
+
+def test_a_hung_call_fails_at_its_deadline_and_the_worker_exits(sd):
+    pid = call(sd, "m1", "echo")["pid"]
+    t0 = time.monotonic()
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "sleep", {"seconds": 600}, label="cell qwen/bbq/T4-t0.7-k5-freeform/s3",
+             call_timeout=1.0)
+    assert time.monotonic() - t0 < 20
+    msg = str(ei.value)
+    assert ei.value.fatal and ei.value.error_type == "CellTimeout"
+    assert "cell qwen/bbq/T4-t0.7-k5-freeform/s3 ran past its deadline of 1 s" in msg
+    assert "runtime.cell_timeout_s" in msg
+    assert wait_until(lambda: not pid_alive(pid), 10)
+    (to,) = events(sd, "timeout")
+    assert to["pid"] == pid and to["timeout_s"] == 1.0
+    assert not WorkerPaths(sd, "m1").sock.exists() and not WorkerPaths(sd, "m1").pid.exists()
+    r = call(sd, "m1", "echo", {"value": 2}, call_timeout=30)        # a fresh worker serves
+    assert r["pid"] != pid and r["value"] == 2
+
+
+def test_two_runs_on_one_device_never_hold_it_together(tmp_path):
+    """Two runs (two results folders, so two state folders) on one node share the device lock:
+    the second worker waits, and past runtime.device_wait_s fails naming the holder."""
+    sd1, sd2 = tmp_path / "run1" / "w", tmp_path / "run2" / "w"
+    try:
+        pa = call(sd1, "ma", "echo", idle_timeout=30)["pid"]
+        with pytest.raises(WorkerLoadError) as ei:
+            call(sd2, "mb", "echo", device_wait=1.0)
+        msg = str(ei.value)
+        assert f"worker pid {pa} for ma (state folder {sd1.absolute()}" in msg
+        assert "runtime.device_wait_s" in msg and pid_alive(pa)      # the other run's worker lives
+        assert [e["event"] for e in events(sd2) if e["event"] in ("device", "device_timeout")] == \
+            ["device_timeout"]
+        # once the first run's worker leaves, the second run's worker takes the device
+        stop_workers(sd1, timeout=10)
+        pb = call(sd2, "mb", "echo", device_wait=30)["pid"]
+        (dev_b,) = events(sd2, "device")
+        exit_a = [e for e in events(sd1, "exit") if e["pid"] == pa][0]
+        assert dev_b["t"] >= exit_a["t"] and dev_b["pid"] == pb
+        # the end of run 1 stops only run 1's workers, not run 2's device holder
+        rows = stop_workers(sd1, timeout=5)
+        assert all(r["pid"] != pb for r in rows) and pid_alive(pb)
+    finally:
+        stop_workers(sd1, timeout=5)
+        stop_workers(sd2, timeout=5)

@@ -16,7 +16,8 @@ import sys
 
 def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
               cell: str, seed: int, out: str, quantization: str, variant: str, items: str,
-              fewshot: str, fingerprint: str | None = None) -> dict:
+              fewshot: str, fingerprint: str | None = None, timeout: float | None = None,
+              device_wait: float | None = None) -> dict:
     from .worker.client import run_in_worker
 
     return run_in_worker(
@@ -27,7 +28,7 @@ def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, mod
         {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
          "out": out, "quantization": quantization, "variant": variant, "items": items,
          "fewshot": fewshot, "fingerprint": fingerprint},
-        idle_timeout=idle_timeout,
+        idle_timeout=idle_timeout, call_timeout=timeout, device_wait=device_wait,
         label=f"{model}/{benchmark}/{cell}/s{seed} ({variant}, {quantization})",
     )
 
@@ -46,15 +47,19 @@ def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, s
                      benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant,
                      variant=variant, items=str(plan.items_path(benchmark)),
                      fewshot=str(plan.fewshot_path(benchmark)),
-                     fingerprint=plan.cell_fingerprint(model, benchmark, cell, seed, variant))
+                     fingerprint=plan.cell_fingerprint(model, benchmark, cell, seed, variant),
+                     timeout=plan.cell_timeout, device_wait=plan.device_wait)
 
 
 REQUIRED = ("config", "model", "variant", "quantization", "benchmark", "cell", "seed", "items",
-            "fewshot", "state-root", "key", "idle-timeout", "fingerprint", "out")
+            "fewshot", "state-root", "key", "idle-timeout", "timeout", "device-wait", "fingerprint",
+            "out")
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
          + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
          "--state-root: the folder of the per-node worker state folders (this node's is "
          "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds; "
+         "--timeout: seconds the cell may run (runtime.cell_timeout_s); --device-wait: seconds "
+         "a new worker may wait for the device (runtime.device_wait_s); "
          "--fingerprint: the cell fingerprint the workflow planned (the worker checks it "
          "against its loaded code and data).")
 
@@ -119,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_args(argv)
         seed = int(opts["seed"])
         idle = float(opts["idle-timeout"])
+        timeout, device_wait = float(opts["timeout"]), float(opts["device-wait"])
     except (UsageError, ValueError) as exc:
         print(f"{USAGE}\n\nerror: {exc}", file=sys.stderr)
         return 2
@@ -133,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                             benchmark=opts["benchmark"], cell=opts["cell"], seed=seed,
                             out=path(opts["out"]), quantization=opts["quantization"],
                             variant=opts["variant"], items=path(opts["items"]),
-                            fewshot=path(opts["fewshot"]), fingerprint=opts["fingerprint"])
+                            fewshot=path(opts["fewshot"]), fingerprint=opts["fingerprint"],
+                            timeout=timeout, device_wait=device_wait)
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

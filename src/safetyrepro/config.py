@@ -23,7 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "data": {"source": "local", "local_dir": "../shared/data/benchmarks", "items_seed": 20240601},
     "generation": {"batch_size": 16, "max_new_tokens": {"T1": 8, "T2": 8, "T3": 8, "T4": 64}},
     "runtime": {"device": "auto", "resources_dir": "resources", "results_dir": "results",
-                "worker_idle_timeout_s": 120},
+                "worker_idle_timeout_s": 120, "cell_timeout_s": 7200, "device_wait_s": 1800},
     "analysis": {"parse_clean_threshold": 0.95, "bootstrap_samples": 1000, "bootstrap_seed": 7,
                  "subsample_fraction": 0.8, "subsample_repeats": 20,
                  "nominal_config": "T1-greedy-k0-freeform", "precision_check": False, "alpha": 0.05},

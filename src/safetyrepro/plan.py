@@ -144,6 +144,16 @@ class Plan:
     def worker_idle_timeout(self) -> float:
         return float(self.cfg.section("runtime")["worker_idle_timeout_s"])  # default: config.DEFAULTS
 
+    @property
+    def cell_timeout(self) -> float:
+        """Seconds a cell call may run before it fails and its worker exits (watchdog)."""
+        return float(self.cfg.section("runtime")["cell_timeout_s"])  # default: config.DEFAULTS
+
+    @property
+    def device_wait(self) -> float:
+        """Seconds a worker waits for the device before failing, naming the holder."""
+        return float(self.cfg.section("runtime")["device_wait_s"])
+
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, model source): a changed source loads afresh."""
         from .worker.state import make_key

@@ -31,6 +31,8 @@ rule cell:
         key=lambda w: PLAN.worker_key(w.model, cell_quantization(w)),
         state_root=rel(PLAN.worker_state_root),
         idle=PLAN.worker_idle_timeout,
+        timeout=PLAN.cell_timeout,
+        device_wait=PLAN.device_wait,
         fingerprint=lambda w: PLAN.cell_fingerprint(
             w.model, w.benchmark, w.config, int(w.seed), cell_variant(w)
         ),
@@ -39,5 +41,6 @@ rule cell:
         " --variant {params.variant:q} --quantization {params.quant:q} --benchmark {wildcards.benchmark:q}"
         " --cell {wildcards.config:q} --seed {wildcards.seed:q} --items {input.subset:q}"
         " --fewshot {input.fewshot:q} --state-root {params.state_root:q} --key {params.key:q}"
-        " --idle-timeout {params.idle:q} --fingerprint {params.fingerprint:q}"
+        " --idle-timeout {params.idle:q} --timeout {params.timeout:q}"
+        " --device-wait {params.device_wait:q} --fingerprint {params.fingerprint:q}"
         " --out {output:q} > {log:q} 2>&1"

@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loader-arg", default="{}", help="JSON object of keyword arguments")
     p.add_argument("--idle-timeout", type=float, default=120.0)
     p.add_argument("--slots", type=int, default=1, help="workers allowed to hold the device")
+    p.add_argument("--device-wait", type=float, default=None,
+                   help="fail (naming the holder) after waiting this long for the device")
     p.add_argument("--detach", action="store_true",
                    help="fork; return once the worker listens")
     args = parser.parse_args(argv)
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from .server import serve
     try:
         return serve(args.state_dir, args.key, args.loader, loader_args,
-                     idle_timeout=args.idle_timeout, slots=args.slots, detach=args.detach)
+                     idle_timeout=args.idle_timeout, slots=args.slots, detach=args.detach,
+                     device_wait=args.device_wait)
     except (ValueError, SafetyReproError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -24,14 +24,15 @@ if TYPE_CHECKING:
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
 from .protocol import (PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message,
                        peer_credentials, recv_message, send_frame)
-from .state import (FileLock, WorkerPaths, is_worker_process, list_pid_files, lock_is_held,
-                    log_tail, open_private, pid_alive, read_holder, read_pid_file,
+from .state import (FileLock, WorkerPaths, device_locks, is_worker_process, list_pid_files,
+                    lock_is_held, log_tail, open_private, pid_alive, read_holder, read_pid_file,
                     remove_if_owned, spec_hash)
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 DEFAULT_START_TIMEOUT = 60.0
 HELLO_TIMEOUT = 30.0
 MAX_ATTEMPTS = 20
+WATCHDOG_GRACE_S = 30.0   # past a call's deadline, the client waits this long for the watchdog
 EXIT_ALREADY_RUNNING = 3  # see server.serve
 
 
@@ -47,10 +48,10 @@ class _Connection:
     def pid(self) -> int | None:
         return self.hello.get("pid")
 
-    def request(self, frame: bytes) -> dict[str, Any]:
-        """Send a request and wait (without time limit) for the reply; ConnectionClosed or
-        OSError if the worker went away."""
-        self.sock.settimeout(None)
+    def request(self, frame: bytes, timeout: float | None = None) -> dict[str, Any]:
+        """Send a request and wait for the reply (at most ``timeout`` s; socket.timeout after
+        that); ConnectionClosed or OSError if the worker went away."""
+        self.sock.settimeout(timeout)
         send_frame(self.sock, frame)
         return recv_message(self.sock)
 
@@ -123,7 +124,8 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle_timeout: float,
-           start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None) -> None:
+           start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None,
+           device_wait: float | None = None) -> None:
     """Start a detached worker and wait until it listens (call with the start lock held)."""
     import subprocess  # here, not at the top: most clients find a worker running
 
@@ -131,6 +133,8 @@ def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle
            "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
            "--loader-arg", json.dumps(loader_args, sort_keys=True),
            "--idle-timeout", repr(float(idle_timeout)), "--slots", str(int(slots)), "--detach"]
+    if device_wait is not None:
+        cmd += ["--device-wait", repr(float(device_wait))]
     with os.fdopen(open_private(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as logf:
         logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} client pid {os.getpid()} starts "
                    f"a worker for {paths.key}\n".encode())
@@ -192,7 +196,8 @@ def _make_room(paths: WorkerPaths, max_workers: int) -> list[int]:
 
 def _find_or_start(paths: WorkerPaths, spec: str, loader: str, loader_args: dict[str, Any], *,
                    idle_timeout: float, start_timeout: float, max_workers: int,
-                   env: dict[str, str] | None, python: str | None) -> _Connection:
+                   env: dict[str, str] | None, python: str | None,
+                   device_wait: float | None = None) -> _Connection:
     with FileLock(paths.start_lock):
         conn = connect(paths)
         if conn is not None:
@@ -209,12 +214,28 @@ def _find_or_start(paths: WorkerPaths, spec: str, loader: str, loader_args: dict
                 conn.close()
         _make_room(paths, max_workers)
         _spawn(paths, loader, loader_args, idle_timeout=idle_timeout, start_timeout=start_timeout,
-               slots=max_workers, env=env, python=python)
+               slots=max_workers, env=env, python=python, device_wait=device_wait)
         conn = connect(paths)
         if conn is None:
             raise WorkerStartError(f"started a worker for {paths.key} but cannot connect to "
                                    f"{paths.sock}; last lines of {paths.log}:\n{log_tail(paths.log)}")
         return conn
+
+
+def _kill_unresponsive(paths: WorkerPaths, pid: int | None) -> None:
+    """SIGKILL a worker that let a call run past its deadline without answering (its
+    watchdog is stuck too), then clean up after it."""
+    import signal
+
+    if pid is not None and is_worker_process(pid, paths.key):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + 10.0
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+    _cleanup_after_crash(paths, pid)
 
 
 def _cleanup_after_crash(paths: WorkerPaths, pid: int | None) -> None:
@@ -265,7 +286,8 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
                   *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                   start_timeout: float = DEFAULT_START_TIMEOUT, label: str | None = None,
                   max_workers: int = 1, env: dict[str, str] | None = None,
-                  python: str | None = None) -> Any:
+                  python: str | None = None, call_timeout: float | None = None,
+                  device_wait: float | None = None) -> Any:
     """Run ``target(state, **kwargs)`` in this node's worker for ``key`` and return its
     (JSON) result. ``state`` is ``loader(**loader_args)``, loaded once per worker.
 
@@ -275,13 +297,23 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
     WorkerCallError (a CellError) if the target raised, WorkerLoadError (a ModelError) if
     loading failed, WorkerCrashed if the worker died during the call, WorkerStartError if it
     could not be started. ``label`` names the call in events and errors (e.g. the cell id);
-    ``env`` is the environment for a newly started worker (default: this process's)."""
+    ``env`` is the environment for a newly started worker (default: this process's).
+
+    ``call_timeout``: the call's deadline in seconds. The worker's watchdog answers a call
+    that runs past it with an error and exits (a stuck kernel or a deadlock cannot be
+    interrupted in place); should the worker not answer even then, the client kills it
+    :data:`WATCHDOG_GRACE_S` later. ``device_wait``: how long a newly started worker may wait
+    for the device before it fails, naming the holder (default: no limit)."""
     paths = WorkerPaths(state_dir, key)
     paths.ensure_dir()
     if not isinstance(loader_args, dict):
         raise TypeError("loader_args must be a dict")
     spec = spec_hash(loader, loader_args)
-    frame = encode_message({"op": "call", "target": target, "kwargs": kwargs or {}, "label": label})
+    request = {"op": "call", "target": target, "kwargs": kwargs or {}, "label": label}
+    if call_timeout is not None:
+        request["timeout_s"] = float(call_timeout)
+    frame = encode_message(request)
+    wait = None if call_timeout is None else float(call_timeout) + WATCHDOG_GRACE_S
     what = label or target
     stale_pid = None
     for attempt in range(MAX_ATTEMPTS):
@@ -292,10 +324,19 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
         if conn is None:
             conn = _find_or_start(paths, spec, loader, loader_args, idle_timeout=idle_timeout,
                                   start_timeout=start_timeout, max_workers=max_workers,
-                                  env=env, python=python)
+                                  env=env, python=python, device_wait=device_wait)
         pid = conn.pid
         try:
-            reply = conn.request(frame)
+            reply = conn.request(frame, timeout=wait)
+        except socket.timeout:
+            conn.close()
+            _kill_unresponsive(paths, pid)
+            raise WorkerCallError(
+                f"{what}: no answer within {call_timeout:.0f} s (the call's deadline) plus "
+                f"{WATCHDOG_GRACE_S:.0f} s: the worker for {key} (pid {pid}) was killed; "
+                f"rerunning starts a fresh one. Last lines of {paths.log}:\n{log_tail(paths.log)}",
+                key=key, pid=pid, target=target, label=label, error_type="CallTimeout",
+                remote_message="no answer", remote_traceback="", fatal=True) from None
         except ProtocolError as exc:
             if not isinstance(exc, ConnectionClosed):
                 raise WorkerError(f"the worker for {key} (pid {pid}) sent a malformed reply to "
@@ -338,6 +379,10 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
 
 # ---- managing workers ---------------------------------------------------------------------
 
+def _same_dir(holder: dict[str, Any], state_dir: str | os.PathLike) -> bool:
+    return holder.get("state_dir") == str(Path(state_dir).absolute())
+
+
 def worker_status(state_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The workers registered in ``state_dir`` (pid files) with their live status, plus any
     other process holding a device lock."""
@@ -357,9 +402,10 @@ def worker_status(state_dir: str | os.PathLike) -> list[dict[str, Any]]:
                 row["phase"] = "not answering (draining or starting)"
         out.append(row)
         seen.add(info["pid"])
-    for lock in sorted(Path(state_dir).glob("device*.lock")):
+    for lock in device_locks():
         holder = read_holder(lock)
-        if holder and holder.get("pid") not in seen and lock_is_held(lock) \
+        if holder and holder.get("pid") not in seen and _same_dir(holder, state_dir) \
+                and lock_is_held(lock) \
                 and is_worker_process(holder["pid"], holder.get("key")):
             out.append({"key": holder.get("key"), "pid": holder["pid"], "alive": True,
                         "phase": f"holding {lock.name} (draining)"})
@@ -394,9 +440,11 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
             except ProcessLookupError:
                 pass
     if key is None:               # also wait for draining workers still holding the device
-        for lock in Path(state_dir).glob("device*.lock"):
+        for lock in device_locks():
             holder = read_holder(lock)
-            if holder and holder.get("pid") not in targets and lock_is_held(lock) \
+            # a device holder of another run (another state folder) is not ours to stop
+            if holder and holder.get("pid") not in targets and _same_dir(holder, state_dir) \
+                    and lock_is_held(lock) \
                     and is_worker_process(holder["pid"], holder.get("key")):
                 targets[holder["pid"]] = {"key": holder.get("key"), "pid": holder["pid"],
                                           "outcome": None}

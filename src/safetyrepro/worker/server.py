@@ -49,6 +49,16 @@ EXIT_ALREADY_RUNNING = 3
 REQUEST_READ_TIMEOUT = 60.0
 DEVICE_POLL_S = 0.1
 DEVICE_LOG_EVERY_S = 30.0
+WATCHDOG_POLL_S = 0.2
+
+
+def _describe_holder(path) -> str:
+    h = read_holder(path) or {}
+    if not h:
+        return f"an unknown process ({path})"
+    since = time.strftime("%H:%M:%S", time.localtime(h["t"])) if isinstance(h.get("t"), (int, float)) else "?"
+    return (f"worker pid {h.get('pid')} for {h.get('key')} (state folder {h.get('state_dir', '?')}, "
+            f"since {since}; lock {path})")
 
 
 # What a worker may be asked to run: its loader (from its command line) and the cell call
@@ -159,7 +169,8 @@ class Worker:
     """One worker process's server. Use :func:`serve` to run one."""
 
     def __init__(self, paths: WorkerPaths, key_lock: FileLock, loader: str,
-                 loader_args: dict[str, Any], idle_timeout: float, slots: int = 1):
+                 loader_args: dict[str, Any], idle_timeout: float, slots: int = 1,
+                 device_wait: float | None = None):
         if not isinstance(loader_args, dict):
             raise ValueError(f"loader args must be a JSON object, got {type(loader_args).__name__}")
         if idle_timeout <= 0:
@@ -172,6 +183,10 @@ class Worker:
         self.loader_args = loader_args
         self.idle_timeout = float(idle_timeout)
         self.slots = int(slots)
+        if device_wait is not None and device_wait <= 0:
+            raise ValueError(f"device wait must be positive, got {device_wait}")
+        self.device_wait = device_wait
+        self._deadline: float | None = None   # monotonic deadline of the current call
         self.test_modules = test_target_modules()
         if not is_allowed(loader, ALLOWED_LOADERS, self.test_modules):
             raise ValueError(f"loader {loader!r} is not a worker loader (allowed: "
@@ -196,6 +211,7 @@ class Worker:
         self._started = time.time()
         self._last_activity = time.monotonic()
         self._listener: socket.socket | None = None
+        self._device_timeout: str | None = None
         self._acceptor: threading.Thread | None = None
 
     # ---- bookkeeping ------------------------------------------------------------------
@@ -370,7 +386,7 @@ class Worker:
             for slot, lock in enumerate(locks):
                 if lock.acquire(timeout=0):
                     lock.write_holder({"pid": self.pid, "key": self.key, "host": self.host,
-                                       "t": time.time()})
+                                       "t": time.time(), "state_dir": str(self.paths.state_dir)})
                     self._device_lock, self._device_slot = lock, slot
                     waited = time.monotonic() - t0
                     if waited > 1:
@@ -386,6 +402,15 @@ class Worker:
                              self._drain_reason, len(self._queue))
                     return False
             now = time.monotonic()
+            if self.device_wait is not None and now - t0 >= self.device_wait:
+                holders = "; ".join(_describe_holder(lk.path) for lk in locks)
+                message = (f"waited {now - t0:.0f} s (runtime.device_wait_s) for the device to load "
+                           f"{self.key}; it is held by {holders}. Stop that worker (`safetyrepro "
+                           "worker stop`, with its state folder) or wait for it to finish, then rerun")
+                log.error(message)
+                self._event("device_timeout", waited_s=round(now - t0, 3))
+                self._device_timeout = message
+                return False
             if now - last_log >= DEVICE_LOG_EVERY_S:
                 holders = [read_holder(lk.path) for lk in locks]
                 log.info("waiting %.0f s for the device, held by %s", now - t0, holders)
@@ -427,6 +452,62 @@ class Worker:
             self._last_activity = time.monotonic()
         return True
 
+    def _fail_with(self, message: str, error_type: str) -> None:
+        """Answer every waiting and later client with a load-phase error, as after a failed
+        load (the worker then exits)."""
+        reply = {"ok": False, "phase": "load", "error_type": error_type, "safetyrepro_error": True,
+                 "message": message, "traceback": "", "fatal": True, "retry": False}
+        with self._cond:
+            self._load_error = reply
+            self._phase = "failed"
+            self._start_drain_locked(error_type)
+            waiting = list(self._queue)
+            self._queue.clear()
+        for job in waiting:
+            self._send_and_close(job, encode_message(reply))
+
+    # ---- watchdog ---------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        """Ends the process when a call runs past its deadline (``timeout_s`` of the request):
+        a hung kernel or a deadlock cannot be interrupted from Python, so the call is
+        answered with the error here, queued calls are answered "retry", and the process
+        exits (its device lock with it)."""
+        while True:
+            time.sleep(WATCHDOG_POLL_S)
+            job, deadline = self._current, self._deadline
+            if job is None or deadline is None or time.monotonic() < deadline:
+                continue
+            secs = float(job.request.get("timeout_s") or 0)
+            what = job.label or job.target
+            message = (f"{what} ran past its deadline of {secs:g} s (runtime.cell_timeout_s) in the "
+                       f"worker for {self.key} (pid {self.pid}), which exits: a stuck call (a hung "
+                       "kernel, a deadlock) cannot be interrupted in place. Rerunning starts a "
+                       "fresh worker; raise runtime.cell_timeout_s if the cell is merely slow")
+            log.error(message)
+            self._event("timeout", target=job.target, label=job.label, timeout_s=secs)
+            self._send_and_close(job, encode_message({
+                "ok": False, "phase": "call", "error_type": "CellTimeout", "safetyrepro_error": True,
+                "message": message, "traceback": "", "fatal": True, "retry": False}))
+            got = self._cond.acquire(timeout=2.0)
+            try:
+                self._draining = True
+                waiting = list(self._queue)
+                self._queue.clear()
+            finally:
+                if got:
+                    self._cond.release()
+            for other in waiting:
+                self._send_and_close(other, encode_message(_retry_reply("call timeout")))
+            try:
+                os.unlink(self.paths.sock)
+            except OSError:
+                pass
+            remove_if_owned(self.paths.pid, self.pid)
+            self._event("exit", reason=f"call timeout ({what})", code=EXIT_FAILED,
+                        n_calls=self._n_calls, uptime_s=round(time.time() - self._started, 3))
+            sys.stderr.flush()
+            os._exit(EXIT_FAILED)
+
     def _send_and_close(self, job: _Job, frame: bytes) -> None:
         try:
             send_frame(job.conn, frame)
@@ -447,6 +528,9 @@ class Worker:
         log.info("call %s (%s)", job.target, what)
         fatal: BaseException | None = None
         error_type = None
+        timeout = job.request.get("timeout_s")
+        self._deadline = (time.monotonic() + float(timeout)
+                          if isinstance(timeout, (int, float)) and timeout > 0 else None)
         try:
             fn = resolve_callable(job.target)
             result = fn(self._state, **(job.request.get("kwargs") or {}))
@@ -467,6 +551,7 @@ class Worker:
             log.error("call %s (%s) interrupted by %s: worker will exit", job.target, what, error_type)
             frame = encode_message(error_reply(exc, "call", fatal=True,
                                                message=f"worker interrupted by {error_type}"))
+        self._deadline = None
         seconds = time.time() - t_start
         # Event first: whoever reads the events after getting the reply sees this call.
         self._event("call", target=job.target, label=job.label, t_start=t_start,
@@ -538,10 +623,15 @@ class Worker:
             on_ready()
         self._acceptor = threading.Thread(target=self._accept_loop, name="accept", daemon=True)
         self._acceptor.start()
+        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         code, reason = EXIT_OK, "exit"
         try:
             if not self._acquire_device():
-                reason = self._drain_reason or "stopped"
+                if self._device_timeout is not None:
+                    code, reason = EXIT_FAILED, "device wait timed out"
+                    self._fail_with(self._device_timeout, "DeviceBusy")
+                else:
+                    reason = self._drain_reason or "stopped"
             elif not self._load():
                 code, reason = EXIT_FAILED, "load failed"
             else:
@@ -568,7 +658,8 @@ def _setup_logging() -> None:
 
 
 def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict[str, Any],
-          idle_timeout: float, slots: int = 1, detach: bool = False) -> int:
+          idle_timeout: float, slots: int = 1, detach: bool = False,
+          device_wait: float | None = None) -> int:
     """Run a worker for ``key``; returns the exit status.
 
     With ``detach`` the calling process forks: the child (in a new session) becomes the
@@ -585,7 +676,8 @@ def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict
     if not key_lock.acquire(timeout=2.0):
         log.error("a worker for %s is already running: %s", key, read_holder(paths.key_lock))
         return EXIT_ALREADY_RUNNING
-    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots)  # validates
+    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots,  # validates
+                    device_wait=device_wait)
     ready_fd: int | None = None
     if detach:
         r, w = os.pipe()

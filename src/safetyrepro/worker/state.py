@@ -11,9 +11,12 @@ resource key K::
 and, shared by all keys::
 
     start.lock    flock serializing "find or start a worker" among clients on this node
-    device.lock   flock held by a worker while its state (model) is loaded; with N slots,
-                  device.lock, device.1.lock, ... device.<N-1>.lock
     events.jsonl  load/call/exit events (see :mod:`safetyrepro.worker.events`)
+
+and, per node and device, shared by every run of this user on the node (any results folder):
+``/tmp/safetyrepro-<uid>/devices/device-<dev>.lock`` (:func:`device_lock_dir`), the flock
+held by a worker while its state (model) is loaded; with N slots, ``device-<dev>.lock``,
+``device-<dev>.1.lock``, ... The lock holder records its pid, key and state folder in it.
 
 Standard library only (imported by every cell client).
 """
@@ -134,10 +137,41 @@ class WorkerPaths:
         self.sock = socket_path(d, key)
 
     def device_lock(self, slot: int) -> Path:
-        return self.state_dir / ("device.lock" if slot == 0 else f"device.{slot}.lock")
+        """The node-wide lock of a device slot (:func:`device_lock_dir`), shared by the
+        workers of every run on this node, whatever their results folder."""
+        name = device_id()
+        return device_lock_dir() / (f"device-{name}.lock" if slot == 0 else f"device-{name}.{slot}.lock")
 
     def ensure_dir(self) -> None:
         private_dir(self.state_dir)
+
+
+DEVICE_DIR_ENV = "SAFETYREPRO_DEVICE_LOCK_DIR"
+
+
+def device_id() -> str:
+    """The device a worker loads its model on, as a file-name part: the first entry of
+    CUDA_VISIBLE_DEVICES (the device "cuda" means; an index or a GPU UUID, as Slurm and
+    container runtimes set it), else "0". On a CPU-only node every worker shares "0", so
+    runs on one node never hold two models at once there either."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return re.sub(r"[^A-Za-z0-9._-]", "_", visible) or "0"
+
+
+def device_lock_dir() -> Path:
+    """The per-node, per-user folder of device locks: ``$SAFETYREPRO_DEVICE_LOCK_DIR`` if set,
+    else ``/tmp/safetyrepro-<uid>/devices`` (on the node's own /tmp, whatever TMPDIR says,
+    so two runs with different results folders or TMPDIRs find the same lock)."""
+    root = os.environ.get(DEVICE_DIR_ENV)
+    if root:
+        return private_dir(root)
+    base = private_dir(Path("/tmp") / f"safetyrepro-{os.getuid()}")
+    return private_dir(base / "devices")
+
+
+def device_locks() -> list[Path]:
+    """Every device lock file of this node's lock folder."""
+    return sorted(device_lock_dir().glob("device-*.lock"))
 
 
 def socket_path(state_dir: Path, key: str) -> Path:
