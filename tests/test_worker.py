@@ -827,3 +827,21 @@ def test_two_runs_on_one_device_never_hold_it_together(tmp_path):
     finally:
         stop_workers(sd1, timeout=5)
         stop_workers(sd2, timeout=5)
+
+
+def test_end_of_run_stops_only_workers_no_other_run_uses(sd, monkeypatch):
+    from safetyrepro.worker.client import hold_run_lease, stop_run_workers
+
+    lease_b = hold_run_lease(sd, "run-b")              # run B is still going
+    monkeypatch.setenv("SAFETYREPRO_RUN_ID", "run-a")
+    shared = call(sd, "m1", "echo", max_workers=2)["pid"]
+    only_a = call(sd, "m2", "echo", max_workers=2)["pid"]
+    monkeypatch.setenv("SAFETYREPRO_RUN_ID", "run-b")
+    assert call(sd, "m1", "echo", max_workers=2)["pid"] == shared
+    rows = {r["key"]: r for r in stop_run_workers(sd, "run-a", timeout=10)}   # run A ends
+    assert rows["m1"]["outcome"] == "kept for run run-b" and pid_alive(shared)
+    assert rows["m2"]["outcome"] == "stopped" and not pid_alive(only_a)
+    assert call(sd, "m1", "echo", max_workers=2)["pid"] == shared              # B keeps its worker
+    lease_b.release()                                  # run B's process is gone
+    rows = {r["key"]: r for r in stop_run_workers(sd, "run-a", timeout=10)}
+    assert rows["m1"]["outcome"] == "stopped" and not pid_alive(shared)

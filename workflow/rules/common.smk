@@ -3,6 +3,7 @@
 import os
 import re
 import shlex
+import socket
 import sys
 import time
 from pathlib import Path
@@ -51,7 +52,14 @@ ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
 # Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...).
 # Every path and value a rule's shell command interpolates is shell-quoted ({x:q}), so a
 # results folder with a space (or a value holding "$(...)") is one argument, never code.
-shell.prefix(f"set -euo pipefail; PY={shlex.quote(sys.executable)}; ")
+# RUN_ID names this invocation to the model workers (the end-of-run cleanup stops only the
+# workers no other run is using); an environment variable, not a param, so it never reruns a job.
+RUN_ID = f"run-{socket.gethostname().split('.')[0]}-{os.getpid()}-{int(time.time())}"
+RUN_ID = re.sub(r"[^A-Za-z0-9._+-]", "_", RUN_ID)
+shell.prefix(
+    f"set -euo pipefail; PY={shlex.quote(sys.executable)}; "
+    f"export SAFETYREPRO_RUN_ID={RUN_ID}; "
+)
 
 
 wildcard_constraints:
@@ -125,18 +133,20 @@ def cell_quantization(wildcards):
 
 
 onstart:
+    from safetyrepro.run_summary import start_run
     from safetyrepro.scheduling import drop_local_rate_limiter
 
     drop_local_rate_limiter(workflow)
+    start_run(RESULTS, RUN_ID)
 
 
 onsuccess:
     from safetyrepro.run_summary import finish_run
 
-    finish_run(RESULTS, RUN_T0, ok=True)
+    finish_run(RESULTS, RUN_T0, ok=True, run_id=RUN_ID)
 
 
 onerror:
     from safetyrepro.run_summary import finish_run
 
-    finish_run(RESULTS, RUN_T0, ok=False)
+    finish_run(RESULTS, RUN_T0, ok=False, run_id=RUN_ID)

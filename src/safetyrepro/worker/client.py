@@ -32,6 +32,7 @@ DEFAULT_IDLE_TIMEOUT = 120.0
 DEFAULT_START_TIMEOUT = 60.0
 HELLO_TIMEOUT = 30.0
 MAX_ATTEMPTS = 20
+RUN_ENV = "SAFETYREPRO_RUN_ID"  # set by the workflow for its jobs: the run a call belongs to
 WATCHDOG_GRACE_S = 30.0   # past a call's deadline, the client waits this long for the watchdog
 EXIT_ALREADY_RUNNING = 3  # see server.serve
 
@@ -310,6 +311,8 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
         raise TypeError("loader_args must be a dict")
     spec = spec_hash(loader, loader_args)
     request = {"op": "call", "target": target, "kwargs": kwargs or {}, "label": label}
+    if os.environ.get(RUN_ENV):
+        request["run"] = os.environ[RUN_ENV]     # which run uses the worker (end-of-run cleanup)
     if call_timeout is not None:
         request["timeout_s"] = float(call_timeout)
     frame = encode_message(request)
@@ -475,3 +478,49 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
         except (ValueError, TypeError):
             pass
     return list(targets.values())
+
+
+# ---- runs sharing workers -------------------------------------------------------------------
+#
+# A run (one Snakemake invocation) holds a lease, an flock on <state_dir>/runs/<run id>.lock,
+# for as long as its main process lives; its jobs tell the worker their run id (RUN_ENV). At
+# the end of a run, a worker that a run still holding its lease has called is left alone
+# (it serves that run and exits after its idle timeout); the others are stopped.
+
+def run_lease_path(state_dir: str | os.PathLike, run_id: str) -> Path:
+    from .state import check_key
+
+    return Path(state_dir) / "runs" / f"{check_key(run_id)}.lock"
+
+
+def hold_run_lease(state_dir: str | os.PathLike, run_id: str) -> FileLock:
+    """Take this run's lease (keep the returned lock alive for the run's lifetime)."""
+    from .state import private_dir
+
+    private_dir(state_dir)
+    private_dir(Path(state_dir) / "runs")
+    lock = FileLock(run_lease_path(state_dir, run_id))
+    lock.acquire()
+    return lock
+
+
+def stop_run_workers(state_dir: str | os.PathLike, run_id: str,
+                     timeout: float = 60.0) -> list[dict[str, Any]]:
+    """End of run ``run_id``: stop the workers of ``state_dir`` that no other live run has
+    called; those are reported with outcome ``"kept for run <id>"``."""
+    rows, to_stop = [], []
+    for row in worker_status(state_dir):
+        if not row.get("alive") or "runs" not in row:
+            to_stop.append(row)
+            continue
+        others = [r for r in row["runs"] if r != run_id
+                  and lock_is_held(run_lease_path(state_dir, r))]
+        if others:
+            rows.append({"key": row.get("key"), "pid": row.get("pid"),
+                         "outcome": f"kept for run {others[0]}"})
+        else:
+            to_stop.append(row)
+    stopped_keys = {r.get("key") for r in to_stop if r.get("key")}
+    for k in sorted(stopped_keys):
+        rows += stop_workers(state_dir, key=k, timeout=timeout)
+    return rows

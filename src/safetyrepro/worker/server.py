@@ -212,6 +212,7 @@ class Worker:
         self._last_activity = time.monotonic()
         self._listener: socket.socket | None = None
         self._device_timeout: str | None = None
+        self._runs: dict[str, float] = {}   # run id -> when its last call came (see RUN_ENV)
         self._acceptor: threading.Thread | None = None
 
     # ---- bookkeeping ------------------------------------------------------------------
@@ -236,6 +237,7 @@ class Worker:
         with self._cond:
             st.update({"loader": self.loader, "drain_reason": self._drain_reason,
                        "n_calls": self._n_calls, "uptime_s": round(time.time() - self._started, 3),
+                       "runs": dict(self._runs),
                        "load_seconds": self._load_seconds, "device_slot": self._device_slot,
                        "current": (self._current.label or self._current.target)
                        if self._current else None,
@@ -348,6 +350,8 @@ class Worker:
                     elif self._draining:
                         reply = _retry_reply(self._drain_reason or "draining")
                     else:
+                        if isinstance(req.get("run"), str):
+                            self._runs[req["run"][:200]] = time.time()
                         conn.settimeout(None)
                         self._queue.append(_Job(conn, req))
                         handed_off = True
