@@ -80,6 +80,14 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
         if m["subset_hash"] != im.get("subset_hash"):
             raise ShardError(f"{p}: item-subset hash {m['subset_hash'][:12]} differs from the current "
                              f"items file {plan.items_path(b)} ({str(im.get('subset_hash'))[:12]})")
+        if m.get("items_content_hash") and im.get("content_hash") \
+                and m["items_content_hash"] != im["content_hash"]:
+            # same items, other content (an items-code change rewrote their text or choices):
+            # the cell read other prompts. Cells do not rerun for rebuilt items by themselves.
+            raise ShardError(f"{p}: computed from items content {m['items_content_hash'][:12]}, but "
+                             f"{plan.items_path(b)} now holds {im['content_hash'][:12]} (the items "
+                             f"code changed their content); delete the shards of {b} "
+                             f"({plan.results}/shards*/*/{b}/) and run the workflow again")
         rows = tables[p].to_pylist()
         results, its = [], []
         for r in rows:

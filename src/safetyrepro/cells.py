@@ -206,6 +206,7 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         "rules_stamp": cfg.rules.stamp,
         "config_hash": cfg.hash,
         "subset_hash": items_meta.get("subset_hash"),
+        "items_content_hash": items_meta.get("content_hash"),
         "fewshot_ids": [x["item_id"] for x in fewshot],
         "fewshot_hash": pool_meta.get("subset_hash"),
         "variant": variant,

@@ -3,8 +3,10 @@
 
 rule items:
     output:
-        subset=f"{RESULTS}/items/{{benchmark}}.parquet",
-        fewshot=f"{RESULTS}/items/{{benchmark}}.fewshot.parquet",
+        # update(): not deleted before the job, and restored if it fails (a failed rebuild
+        # keeps the good files); the job leaves files holding the same items untouched.
+        subset=update(f"{RESULTS}/items/{{benchmark}}.parquet"),
+        fewshot=update(f"{RESULTS}/items/{{benchmark}}.fewshot.parquet"),
     log:
         f"{RESULTS}/logs/items/{{benchmark}}.log",
     priority: 100  # before any cell, so each model's cells then run back to back
