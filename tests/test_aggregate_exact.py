@@ -113,3 +113,26 @@ def test_aggregation_carries_exact_fractions_and_the_tie_survives(plan):
     assert tie["test"] == "none (exact tie)" and tie["p_value"] == 1.0 and not tie["significant"]
     assert by_cfg["T1-greedy-k0-freeform"]["test"] == "mcnemar_exact"
     assert pairs[0]["n_zero"] == 1 and pairs[0]["rho_flip_sig"] == 0.0
+
+
+def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
+    """A replaced local model folder (another weights hash) or another device for some of one
+    model's shards: aggregation names the model, the field and the shards, and mixes nothing."""
+    from safetyrepro.errors import ShardError
+    from safetyrepro.io import read_parquet
+
+    _write_shards(plan)
+    j = next(j for j in plan.jobs() if j.model == "smol-fp32" and j.config.decoding == "greedy")
+    path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    table, meta = read_parquet(path)
+    write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w-replaced-folder"}})
+    with pytest.raises(ShardError) as ei:
+        aggregate(plan, progress=False)
+    msg = str(ei.value)
+    assert "model smol-fp32: different weights_hash" in msg and str(path) in msg
+    assert "w-replaced-folder: 1 shard(s)" in msg and "smol-nf4" not in msg
+    write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w", "device": "cuda"}})
+    with pytest.raises(ShardError, match="model smol-fp32: different device"):
+        aggregate(plan, progress=False)
+    _write_shards(plan)
+    aggregate(plan, progress=False)                      # consistent again: aggregates

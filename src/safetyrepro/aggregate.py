@@ -33,6 +33,38 @@ def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
                          + "\nrerun the stale cells (snakemake reruns them when their fingerprint changed)")
 
 
+# What a shard's numbers depend on beyond its fingerprint, recorded by the model loader in
+# every shard's ``model_info``: one model's shards must agree on all of them (a replaced local
+# model folder changes the weights hash; another machine the device, dtype, matmul path or
+# library versions). Fields a shard does not record count as None.
+NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "nf4_matmul", "attention",
+                   "torch_version", "transformers_version", "bitsandbytes_version",
+                   "chat_template_hash")
+
+
+def check_numerics(metas: dict[str, dict]) -> None:
+    """ShardError if the shards of one model differ in any :data:`NUMERICS_FIELDS`, naming
+    the values and shards of each group."""
+    by_model = defaultdict(dict)
+    for path, m in metas.items():
+        by_model[m.get("model")][path] = m
+    problems = []
+    for model, shards in sorted(by_model.items(), key=lambda kv: str(kv[0])):
+        for field in NUMERICS_FIELDS:
+            groups = defaultdict(list)
+            for path, m in shards.items():
+                groups[str((m.get("model_info") or {}).get(field))].append(path)
+            if len(groups) > 1:
+                problems.append(f"model {model}: different {field}:\n" + "\n".join(
+                    f"    {value}: {len(paths)} shard(s), e.g. " + ", ".join(sorted(paths)[:3])
+                    for value, paths in sorted(groups.items())))
+    if problems:
+        raise ShardError("shards of one model were computed with different numerics; refusing to "
+                         "mix them:\n  " + "\n  ".join(problems) + "\ndelete the shards of the "
+                         "setup you do not want (e.g. those of a replaced model folder) and run the "
+                         "workflow again")
+
+
 def aggregate(plan, variant: str = "main", progress: bool = True):
     """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
     from tqdm import tqdm
@@ -62,6 +94,7 @@ def aggregate(plan, variant: str = "main", progress: bool = True):
         raise ShardError(f"{len(problems)} shard(s) missing, corrupt or stale:\n  "
                          + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else ""))
     _check_consistent(metas, "rules_stamp", "rules stamps")
+    check_numerics(metas)
     for b in cfg.benchmarks:
         _check_consistent({p: m for p, m in metas.items() if m["benchmark"] == b}, "subset_hash",
                           f"item-subset hashes for {b}")
