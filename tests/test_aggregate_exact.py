@@ -136,3 +136,22 @@ def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
         aggregate(plan, progress=False)
     _write_shards(plan)
     aggregate(plan, progress=False)                      # consistent again: aggregates
+
+
+def test_aggregation_refuses_a_shard_of_other_items_content(plan):
+    """Same subset, other items content (an items-code change rewrote an item's text): the
+    shard read other prompts; aggregation names it and says how to recover."""
+    from safetyrepro.errors import ShardError
+    from safetyrepro.io import read_metadata, read_parquet
+
+    _write_shards(plan)
+    current = read_metadata(plan.items_path("xstest"))["content_hash"]
+    j = plan.jobs()[0]
+    path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    table, meta = read_parquet(path)
+    write_parquet(table, path, {**meta, "items_content_hash": current})
+    aggregate(plan, progress=False)                      # the current content: accepted
+    write_parquet(table, path, {**meta, "items_content_hash": "0" * 64})
+    with pytest.raises(ShardError, match=rf"{path}: computed from items content 000000000000, but .* now "
+                                         rf"holds {current[:12]}.*delete the shards of xstest"):
+        aggregate(plan, progress=False)
