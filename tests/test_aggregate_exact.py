@@ -122,7 +122,7 @@ def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
     """A replaced local model folder (another weights hash) or another device for some of one
     model's shards: aggregation names the model, the field and the shards, and mixes nothing."""
     from safetyrepro.errors import ShardError
-    from safetyrepro.io import read_parquet
+    from safetyrepro.io import read_parquet, write_parquet
 
     _write_shards(plan)
     j = next(j for j in plan.jobs() if j.model == "smol-fp32" and j.config.decoding == "greedy")
@@ -137,6 +137,11 @@ def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
     write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w", "device": "cuda"}})
     with pytest.raises(ShardError, match="model smol-fp32: different device"):
         aggregate(plan, progress=False)
+    # the chat template is read from the shard's own field (ShardMeta.chat_template_hash)
+    write_parquet(table, path, {**meta, "chat_template_hash": "c" * 64})
+    with pytest.raises(ShardError, match="model smol-fp32: different chat_template_hash") as ei:
+        aggregate(plan, progress=False)
+    assert "c" * 64 + ": 1 shard(s)" in str(ei.value)
     _write_shards(plan)
     aggregate(plan, progress=False)                      # consistent again: aggregates
 
@@ -145,7 +150,7 @@ def test_aggregation_refuses_a_shard_of_other_items_content(plan):
     """Same subset, other items content (an items-code change rewrote an item's text): the
     shard read other prompts; aggregation names it and says how to recover."""
     from safetyrepro.errors import ShardError
-    from safetyrepro.io import read_metadata, read_parquet
+    from safetyrepro.io import read_metadata, read_parquet, write_parquet
 
     _write_shards(plan)
     current = read_metadata(plan.items_path("xstest"))["content_hash"]

@@ -79,7 +79,8 @@ os._exit(0)   # no atexit stop: the worker must notice on its own
 
 def _run_owner(tmp_path, target, seconds, live_s):
     sd = tmp_path / "w"
-    env = dict(os.environ, PYTHONPATH=PYTHONPATH)
+    # worker_targets' loader and calls are allowed only where the test says so (issue 15)
+    env = dict(os.environ, PYTHONPATH=PYTHONPATH, SAFETYREPRO_WORKER_TEST_TARGETS="worker_targets")
     env.pop("SLURM_JOB_ID", None)
     env.pop(OWNER_ENV, None)
     proc = subprocess.run([sys.executable, "-c", OWNER_SCRIPT, str(sd), target, str(seconds),

@@ -41,11 +41,14 @@ NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "nf4_matmu
                    "chat_template_hash")
 
 
+SHARD_NUMERICS_FIELDS = ("chat_template_hash",)  # recorded as ShardMeta fields, not in model_info
+
+
 def _numerics_value(meta: dict, field: str):
     """A shard's value of a :data:`NUMERICS_FIELDS` field: its own metadata field where the
     shard layout has one (``ShardMeta.chat_template_hash``), else its ``model_info``'s."""
-    if field in meta:
-        return meta[field]
+    if field in SHARD_NUMERICS_FIELDS:
+        return meta.get(field)
     return (meta.get("model_info") or {}).get(field)
 
 
