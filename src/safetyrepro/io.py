@@ -57,6 +57,15 @@ def _temp_for(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited but not been reaped yet (Linux /proc; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def sweep_stale_tmp(path: str | Path) -> list[Path]:
     """Remove temp files of ``path`` left by a writer that died mid-write (killed worker,
     crashed node): those of a dead process on this node, and those of another node older than
@@ -74,7 +83,8 @@ def sweep_stale_tmp(path: str | Path) -> list[Path]:
                     continue
                 try:
                     os.kill(pid, 0)
-                    continue               # its writer is alive
+                    if not _is_zombie(pid):
+                        continue           # its writer is alive (a zombie is done writing)
                 except ProcessLookupError:
                     pass
                 except PermissionError:
