@@ -80,7 +80,7 @@ def write_cell(plan: Plan, model: str, benchmark: str, config_id: str, seed: int
         decode_group=[list(g) for g in plan.decode_group(benchmark, config_id, variant)],
         template_hash=plan.template_hash(benchmark, c.template), chat_template_hash=None,
         rules_stamp=cfg.rules.stamp,
-        config_hash=cfg.hash, subset_hash=items_meta["subset_hash"], fewshot_ids=[], fewshot_hash=None,
+        config_hash=cfg.hash, subset_hash=items_meta["subset_hash"], items_content_hash=items_meta.get("content_hash"), fewshot_ids=[], fewshot_hash=None,
         fingerprint=plan.cell_fingerprint(model, benchmark, config_id, seed, variant),
         parser_version=task.parser_version, model_info={"weights_hash": "synthetic"},
         quantization=plan.quantization(model, variant), device="cpu", code_version={},

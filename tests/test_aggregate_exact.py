@@ -84,7 +84,7 @@ def _write_shards(plan) -> None:
             decode_group=[list(g) for g in plan.decode_group(j.benchmark, c.id)],
             template_hash=task.template_hash(c.template), chat_template_hash=None,
             rules_stamp=plan.cfg.rules.stamp,
-            config_hash=plan.cfg.hash, subset_hash=im["subset_hash"], fewshot_ids=[], fewshot_hash=None,
+            config_hash=plan.cfg.hash, subset_hash=im["subset_hash"], items_content_hash=im.get("content_hash"), fewshot_ids=[], fewshot_hash=None,
             fingerprint=plan.cell_fingerprint(j.model, j.benchmark, c.id, j.seed),
             parser_version=task.parser_version, model_info={"weights_hash": "w"}, quantization="fp32",
             device="cpu", code_version=code_version(), n_items=len(rows), wall_s=0.0)
@@ -116,3 +116,50 @@ def test_aggregation_carries_exact_fractions_and_the_tie_survives(plan):
     assert tie["test"] == "none (tie)" and tie["p_value"] == 1.0 and not tie["significant"]
     assert by_cfg["T1-greedy-k0-freeform"]["test"] == "mcnemar_exact"
     assert pairs[0]["n_zero"] == 1 and pairs[0]["rho_flip_sig"] == 0.0
+
+
+def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
+    """A replaced local model folder (another weights hash) or another device for some of one
+    model's shards: aggregation names the model, the field and the shards, and mixes nothing."""
+    from safetyrepro.errors import ShardError
+    from safetyrepro.io import read_parquet, write_parquet
+
+    _write_shards(plan)
+    j = next(j for j in plan.jobs() if j.model == "smol-fp32" and j.config.decoding == "greedy")
+    path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    table, meta = read_parquet(path)
+    write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w-replaced-folder"}})
+    with pytest.raises(ShardError) as ei:
+        aggregate(plan, progress=False)
+    msg = str(ei.value)
+    assert "model smol-fp32: different weights_hash" in msg and str(path) in msg
+    assert "w-replaced-folder: 1 shard(s)" in msg and "smol-nf4" not in msg
+    write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w", "device": "cuda"}})
+    with pytest.raises(ShardError, match="model smol-fp32: different device"):
+        aggregate(plan, progress=False)
+    # the chat template is read from the shard's own field (ShardMeta.chat_template_hash)
+    write_parquet(table, path, {**meta, "chat_template_hash": "c" * 64})
+    with pytest.raises(ShardError, match="model smol-fp32: different chat_template_hash") as ei:
+        aggregate(plan, progress=False)
+    assert "c" * 64 + ": 1 shard(s)" in str(ei.value)
+    _write_shards(plan)
+    aggregate(plan, progress=False)                      # consistent again: aggregates
+
+
+def test_aggregation_refuses_a_shard_of_other_items_content(plan):
+    """Same subset, other items content (an items-code change rewrote an item's text): the
+    shard read other prompts; aggregation names it and says how to recover."""
+    from safetyrepro.errors import ShardError
+    from safetyrepro.io import read_metadata, read_parquet, write_parquet
+
+    _write_shards(plan)
+    current = read_metadata(plan.items_path("xstest"))["content_hash"]
+    j = plan.jobs()[0]
+    path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    table, meta = read_parquet(path)
+    write_parquet(table, path, {**meta, "items_content_hash": current})
+    aggregate(plan, progress=False)                      # the current content: accepted
+    write_parquet(table, path, {**meta, "items_content_hash": "0" * 64})
+    with pytest.raises(ShardError, match=rf"{path}: computed from items content 000000000000, but .* now "
+                                         rf"holds {current[:12]}.*delete the shards of xstest"):
+        aggregate(plan, progress=False)

@@ -284,3 +284,28 @@ def test_chat_template_hash_in_shard_and_fingerprint(setup):
             _run(setup, "truthfulqa", cell, name="chat-template-2.parquet")
     finally:
         marker.unlink(missing_ok=True)
+def test_nan_logits_in_free_form_decoding_fail_the_cell_naming_the_item(setup, tmp_path):
+    """A model whose final norm is corrupted yields NaN logits: the free-form cell fails naming
+    its first item, instead of scoring token 0 as parse failures, and writes no shard."""
+    import copy
+    import dataclasses
+
+    import torch
+
+    from safetyrepro.items import read_items
+
+    from safetyrepro.cells import CellWorker
+
+    d, path, worker = setup
+    broken = CellWorker(lm=dataclasses.replace(worker.lm, model=copy.deepcopy(worker.lm.model)))
+    with torch.no_grad():
+        broken.lm.model.model.norm.weight.fill_(float("nan"))
+    ids = set(read_items(load_config(path).results_dir / "items" / "truthfulqa.parquet")[0]["item_id"])
+    out = tmp_path / "nan.parquet"
+    with pytest.raises(CellError, match=r"item (\S+): non-finite logit \(nan\)") as ei:
+        run_cell(config=path, model="smol", benchmark="truthfulqa", cell="T3-greedy-k5-freeform", seed=0,
+                 out=str(out), worker=broken, progress=False)
+    import re
+
+    assert re.search(r"item (\S+): non-finite", str(ei.value)).group(1) in ids   # a real item id
+    assert not out.exists()

@@ -126,3 +126,26 @@ def test_certify_last_bit_means_tie_without_tol_and_tol_reaches_tau(tmp_path):
     assert j["benchmarks"][0]["tau_r"] == pytest.approx(-2 / 2)
     t = run_cli("certify", str(p))
     assert "ties: relative" in t.stdout
+
+
+def test_certify_csv_outputs_neutralise_formula_names(tmp_path):
+    """A model named like a spreadsheet formula is written as text ('=...), never as a formula;
+    negative numbers stay numbers."""
+    evil = ["=HYPERLINK(\"http://x\",\"y\")", "+cmd", "-2+3", "@SUM(A1)"]
+    rows = []
+    for bench, scores in (("bbq", (0.9, 0.5, 0.4, 0.3)), ("xstest", (0.2, 0.8, 0.6, 0.1))):
+        for cfg, shift in (("c1", 0.0), ("c2", 0.05)):
+            rows += [(m, bench, cfg, s + shift) for m, s in zip(evil, scores)]
+    p = tmp_path / "scores.csv"
+    _table(rows).to_csv(p, index=False)
+    r = run_cli("certify", str(p), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    pairs = pd.read_csv(tmp_path / "out" / "pairs.csv")
+    names = set(pairs["model_a"]) | set(pairs["model_b"])
+    assert names == {"'" + m for m in evil}
+    for f in (tmp_path / "out").glob("*.csv"):
+        for line in f.read_text().splitlines():
+            for cell in line.split(","):
+                assert not cell.strip('"').startswith(("=", "+", "@")), (f.name, line)
+    bench = pd.read_csv(tmp_path / "out" / "benchmarks.csv")
+    assert bench["max_pair"].str.startswith("'").all() or bench["max_pair"].isna().all()

@@ -114,6 +114,14 @@ def test_bad_rules_name_file_and_field(tmp_path, project_root, mutate, field):
     (lambda c: c["envelope"].update(name="tiny"), "envelope.name"),
     (lambda c: c.pop("models"), "(top level)"),
     (lambda c: c["analysis"].update(alpha=1.0), "analysis.alpha"),
+    # model keys name folders (shards/<key>/...): "." and ".." would escape shards/
+    (lambda c: c["models"].update({"..": c["models"]["smollm2-135m"]}), "models"),
+    (lambda c: c["models"].update({".": c["models"]["smollm2-135m"]}), "models"),
+    # gguf_name is a file name under resources/ (deleted after conversion), never a path
+    (lambda c: c["models"]["smollm2-135m"]["source"].update(gguf_name="../../victim.gguf"),
+     "models.smollm2-135m.source.gguf_name"),
+    (lambda c: c["models"]["smollm2-135m"]["source"].update(gguf_name="/etc/x.gguf"),
+     "models.smollm2-135m.source.gguf_name"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, project_root, mutate, field):
     content = yaml.safe_load((project_root / "config/config.yaml").read_text())

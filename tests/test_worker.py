@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from safetyrepro.errors import CellError, ModelError, SafetyReproError
-from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError, format_summary,
+from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError, WorkerStartError,
+                                format_summary,
                                 make_key, run_in_worker, stop_workers, summarize_events,
                                 worker_status)
 from safetyrepro.worker.events import read_events
@@ -25,7 +26,8 @@ from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, code_stamp,
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
-ENV = dict(os.environ, PYTHONPATH=PYTHONPATH)
+# The test switch: workers started by these tests may also run worker_targets' functions.
+ENV = dict(os.environ, PYTHONPATH=PYTHONPATH, SAFETYREPRO_WORKER_TEST_TARGETS="worker_targets")
 LOADER = "worker_targets:load"
 LOAD_DELAY = 0.2
 
@@ -53,6 +55,16 @@ def wait_until(pred, timeout=10.0, step=0.02):
 
 def live_worker_pids(state_dir):
     return sorted(r["pid"] for r in worker_status(state_dir) if r.get("alive"))
+
+
+@pytest.fixture(autouse=True)
+def device_dir(tmp_path, monkeypatch):
+    """Each test its own node-wide device-lock folder (another session's run on this machine
+    must not make a test wait, nor a test stop it)."""
+    d = tmp_path / "devices"
+    monkeypatch.setenv("SAFETYREPRO_DEVICE_LOCK_DIR", str(d))
+    monkeypatch.setitem(ENV, "SAFETYREPRO_DEVICE_LOCK_DIR", str(d))
+    return d
 
 
 @pytest.fixture
@@ -498,3 +510,341 @@ def test_cell_client_arguments_are_checked():
     seed_at = full.index("--seed") + 1
     assert main(full[:seed_at] + ["x"] + full[seed_at + 1:]) == 2          # a seed that is not an integer
     assert main(["--help"]) == 0
+
+
+# ---- who may connect, what may be run (issue 15) ---------------------------------------------
+
+def _raw_exchange(sock_path, request):
+    """Connect as a foreign client would, read the hello, send ``request``; the reply."""
+    import socket as _socket
+
+    from safetyrepro.worker.protocol import recv_message, send_message
+
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(str(sock_path))
+    try:
+        hello = recv_message(s)
+        send_message(s, request)
+        return hello, recv_message(s)
+    finally:
+        s.close()
+
+
+def test_a_forged_frame_naming_a_foreign_target_is_refused(sd, tmp_path):
+    pid = call(sd, "m1", "echo")["pid"]
+    marker = tmp_path / "pwned"
+    # The pid file (all a forged hello needs) names the socket; the frame names pydoc's pager,
+    # which would run a shell command.
+    sock = read_pid_file(WorkerPaths(sd, "m1").pid)["sock"]
+    hello, reply = _raw_exchange(sock, {"op": "call", "target": "pydoc:pipepager",
+                                        "kwargs": {"cmd": f"touch {marker}"}})
+    assert hello["pid"] == pid
+    assert reply["ok"] is False and reply["error_type"] == "TargetNotAllowed"
+    assert "pydoc:pipepager" in reply["message"]
+    with pytest.raises(WorkerCallError) as ei:                      # through the client too
+        run_in_worker(sd, "m1", LOADER, {"tag": "m1", "delay": LOAD_DELAY}, "os:system",
+                      {"command": f"touch {marker}"}, env=ENV, idle_timeout=30)
+    assert ei.value.error_type == "TargetNotAllowed"
+    time.sleep(0.2)
+    assert not marker.exists()
+    assert call(sd, "m1", "echo")["pid"] == pid                     # the worker keeps serving
+    assert [e["target"] for e in events(sd, "refused")] == ["pydoc:pipepager", "os:system"]
+
+
+def test_without_the_test_switch_only_the_cell_call_runs(sd):
+    env = {k: v for k, v in ENV.items() if k != "SAFETYREPRO_WORKER_TEST_TARGETS"}
+    with pytest.raises(WorkerStartError, match="not a worker loader"):
+        run_in_worker(sd, "m1", LOADER, {"tag": "m1"}, "worker_targets:echo", {}, env=env,
+                      idle_timeout=30)
+
+
+needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as a second uid")
+NOBODY = 65534
+
+
+def _open_dir(tmp_root):
+    """A state folder whose parents a second uid can traverse (pytest's are 0700)."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(dir="/tmp", prefix="srw-"))
+    os.chmod(d, 0o711)
+    return d
+
+
+@needs_root
+def test_the_worker_refuses_a_second_uid(tmp_path):
+    base = _open_dir(tmp_path)
+    sd = base / "w"
+    try:
+        pid = call(sd, "m1", "echo")["pid"]
+        sock = WorkerPaths(sd, "m1").sock
+        os.chmod(sd, 0o711)                 # loosen what guards the socket, as a shared
+        os.chmod(sock, 0o777)               # folder or a careless umask would
+        child = os.fork()
+        if child == 0:                      # a second user connects and sends a forged call
+            code = 3
+            try:
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                import socket as _socket
+
+                from safetyrepro.worker.protocol import ConnectionClosed, recv_message
+
+                s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+                s.settimeout(10)
+                s.connect(str(sock))
+                try:
+                    recv_message(s)
+                    code = 1                # got a hello: the worker talked to uid 65534
+                except ConnectionClosed:
+                    code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.WEXITSTATUS(status) == 0
+        (ref,) = events(sd, "refused")
+        assert ref["peer_uid"] == NOBODY and ref["pid"] == pid
+        assert "refused a connection from pid" in WorkerPaths(sd, "m1").log.read_text()
+        assert call(sd, "m1", "echo")["pid"] == pid
+        assert (os.stat(sd).st_mode & 0o777) == 0o700                # put back on use
+    finally:
+        stop_workers(sd, timeout=5)
+        import shutil
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@needs_root
+def test_the_client_refuses_a_socket_served_by_a_second_uid(sd):
+    import socket as _socket
+
+    paths = WorkerPaths(sd, "m1")
+    paths.ensure_dir()
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:                          # a second user's process answers on the socket
+        try:
+            os.close(r)
+            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            s.bind(str(paths.sock))
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            s.listen(1)                     # SO_PEERCRED reports the uid as of listen()
+            os.write(w, b"x")
+            conn, _ = s.accept()
+            from safetyrepro.worker.protocol import send_message
+
+            send_message(conn, {"hello": 1, "protocol": 1, "pid": os.getpid(), "key": "m1",
+                                "spec": "forged", "phase": "ready"})
+            time.sleep(2)
+        finally:
+            os._exit(0)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    try:
+        with pytest.raises(SafetyReproError, match=f"of uid {NOBODY}, not by a worker of yours"):
+            call(sd, "m1", "echo")
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+
+
+def test_state_folder_and_files_are_private(sd):
+    sd.mkdir(parents=True)
+    os.chmod(sd, 0o755)                     # made by an older version, or by hand
+    call(sd, "m1", "echo")
+    assert (os.stat(sd).st_mode & 0o777) == 0o700
+    names = {p.name: os.stat(p).st_mode & 0o777 for p in sd.iterdir()}
+    for name in ("m1.pid", "m1.lock", "m1.log", "start.lock", "events.jsonl"):
+        assert names[name] == 0o600, (name, oct(names[name]))
+    dev = WorkerPaths(sd, "m1").device_lock(0)
+    assert os.stat(dev).st_mode & 0o777 == 0o600 and os.stat(dev.parent).st_mode & 0o777 == 0o700
+    assert names["m1.sock"] & 0o077 == 0
+
+
+def test_a_symlinked_state_folder_is_refused(tmp_path):
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    link = tmp_path / "w"
+    link.symlink_to(real)
+    with pytest.raises(SafetyReproError, match=f"{link} is a symbolic link"):
+        call(link, "m1", "echo")
+    assert list(real.iterdir()) == []
+
+
+@needs_root
+def test_a_foreign_state_folder_is_refused_naming_its_owner(tmp_path):
+    d = tmp_path / "w"
+    d.mkdir(mode=0o777)
+    os.chown(d, NOBODY, NOBODY)
+    with pytest.raises(SafetyReproError, match=rf"{d} is owned by \S+ \(uid {NOBODY}\)"):
+        call(d, "m1", "echo")
+    assert list(d.iterdir()) == []
+
+
+def test_a_planted_short_socket_folder_is_refused(tmp_path, monkeypatch):
+    from safetyrepro.worker import state
+    from safetyrepro.worker.state import short_socket_dir
+
+    monkeypatch.setattr(state, "SHORT_SOCKET_PARENT", str(tmp_path))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / f"safetyrepro-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(SafetyReproError, match="is a symbolic link"):
+        short_socket_dir()
+
+
+@pytest.mark.parametrize("name", ["device", "m1.lock", "start.lock", "m1.log"])
+def test_a_planted_link_is_never_followed(sd, tmp_path, name):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    sd.mkdir(parents=True, mode=0o700)
+    planted = WorkerPaths(sd, "m1").device_lock(0) if name == "device" else sd / name
+    planted.symlink_to(victim)
+    with pytest.raises(SafetyReproError, match=f"{planted} is a symbolic link"):
+        call(sd, "m1", "echo")
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_planted_events_link_is_not_followed_and_the_call_still_runs(sd, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    sd.mkdir(parents=True, mode=0o700)
+    (sd / "events.jsonl").symlink_to(victim)
+    assert call(sd, "m1", "echo", {"value": 4})["value"] == 4
+    assert victim.read_text() == "precious\n"
+    assert "events.jsonl is a symbolic link" in WorkerPaths(sd, "m1").log.read_text()
+
+
+# ---- shards: durable, swept, readable by collaborators (issue 15) -----------------------------
+
+def test_worker_killed_inside_the_shard_write_leaves_no_shard_and_the_rerun_sweeps(sd, tmp_path):
+    from safetyrepro.io import read_parquet
+
+    shards = tmp_path / "shards"
+    done = shards / "s0.parquet"
+    assert call(sd, "m1", "write_table", {"out": str(done), "n": 10})     # a finished shard
+    before = done.read_bytes()
+    out = shards / "s1.parquet"
+    marker = tmp_path / "in-fsync"
+    caught = []
+
+    def run():
+        try:
+            call(sd, "m1", "write_table", {"out": str(out), "n": 5000,
+                                           "hang_before_rename": str(marker)})
+        except Exception as exc:  # noqa: BLE001 - inspected below
+            caught.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert wait_until(marker.exists, 20)
+    pid = read_pid_file(WorkerPaths(sd, "m1").pid)["pid"]
+    os.kill(pid, signal.SIGKILL)                       # inside the write: data in the temp file
+    t.join(20)
+    assert len(caught) == 1 and isinstance(caught[0], WorkerCrashed)
+    assert not out.exists()                            # nothing under the final name
+    left = list(shards.glob(".s1.parquet.*.tmp"))
+    assert len(left) == 1 and left[0].stat().st_size > 0
+    assert call(sd, "m1", "write_table", {"out": str(out), "n": 5000}) == str(out)   # the rerun
+    assert list(shards.glob(".s1.parquet.*.tmp")) == []                 # left-over swept
+    assert read_parquet(out)[0].num_rows == 5000
+    assert done.read_bytes() == before                                  # nothing lost
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_shards_and_tables_respect_the_umask(tmp_path, umask, mode):
+    import pyarrow as pa
+
+    from safetyrepro.io import atomic_write_text, write_parquet
+
+    old = os.umask(umask)
+    try:
+        write_parquet(pa.table({"x": [1]}), tmp_path / "a.parquet", {"kind": "test"})
+        atomic_write_text(tmp_path / "a.json", "{}")
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "a.parquet").st_mode & 0o777 == mode
+    assert os.stat(tmp_path / "a.json").st_mode & 0o777 == mode
+
+
+def test_cell_job_refuses_a_shard_that_does_not_read_back(tmp_path):
+    from safetyrepro.cell_client import check_shard_file
+
+    p = tmp_path / "s.parquet"
+    assert "cannot read it back" in check_shard_file(str(p))
+    p.write_bytes(b"")                                   # zero-length under the final name
+    assert "0 bytes" in check_shard_file(str(p))
+    import pyarrow as pa
+
+    from safetyrepro.io import write_parquet
+    write_parquet(pa.table({"x": [1, 2]}), p, {"kind": "test"})
+    assert check_shard_file(str(p)) is None
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])                # cut short
+    assert "complete Parquet" in check_shard_file(str(p))
+
+
+# ---- deadlines and the device (issue 15) ------------------------------------------------------
+
+def test_a_hung_call_fails_at_its_deadline_and_the_worker_exits(sd):
+    pid = call(sd, "m1", "echo")["pid"]
+    t0 = time.monotonic()
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "sleep", {"seconds": 600}, label="cell qwen/bbq/T4-t0.7-k5-freeform/s3",
+             call_timeout=1.0)
+    assert time.monotonic() - t0 < 20
+    msg = str(ei.value)
+    assert ei.value.fatal and ei.value.error_type == "CellTimeout"
+    assert "cell qwen/bbq/T4-t0.7-k5-freeform/s3 ran past its deadline of 1 s" in msg
+    assert "runtime.cell_timeout_s" in msg
+    assert wait_until(lambda: not pid_alive(pid), 10)
+    (to,) = events(sd, "timeout")
+    assert to["pid"] == pid and to["timeout_s"] == 1.0
+    assert not WorkerPaths(sd, "m1").sock.exists() and not WorkerPaths(sd, "m1").pid.exists()
+    r = call(sd, "m1", "echo", {"value": 2}, call_timeout=30)        # a fresh worker serves
+    assert r["pid"] != pid and r["value"] == 2
+
+
+def test_two_runs_on_one_device_never_hold_it_together(tmp_path):
+    """Two runs (two results folders, so two state folders) on one node share the device lock:
+    the second worker waits, and past runtime.device_wait_s fails naming the holder."""
+    sd1, sd2 = tmp_path / "run1" / "w", tmp_path / "run2" / "w"
+    try:
+        pa = call(sd1, "ma", "echo", idle_timeout=30)["pid"]
+        with pytest.raises(WorkerLoadError) as ei:
+            call(sd2, "mb", "echo", device_wait=1.0)
+        msg = str(ei.value)
+        assert f"worker pid {pa} for ma (state folder {sd1.absolute()}" in msg
+        assert "runtime.device_wait_s" in msg and pid_alive(pa)      # the other run's worker lives
+        assert [e["event"] for e in events(sd2) if e["event"] in ("device", "device_timeout")] == \
+            ["device_timeout"]
+        # once the first run's worker leaves, the second run's worker takes the device
+        stop_workers(sd1, timeout=10)
+        pb = call(sd2, "mb", "echo", device_wait=30)["pid"]
+        (dev_b,) = events(sd2, "device")
+        exit_a = [e for e in events(sd1, "exit") if e["pid"] == pa][0]
+        assert dev_b["t"] >= exit_a["t"] and dev_b["pid"] == pb
+        # the end of run 1 stops only run 1's workers, not run 2's device holder
+        rows = stop_workers(sd1, timeout=5)
+        assert all(r["pid"] != pb for r in rows) and pid_alive(pb)
+    finally:
+        stop_workers(sd1, timeout=5)
+        stop_workers(sd2, timeout=5)
+
+
+def test_end_of_run_stops_only_workers_no_other_run_uses(sd, monkeypatch):
+    from safetyrepro.worker.client import hold_run_lease, stop_run_workers
+
+    lease_b = hold_run_lease(sd, "run-b")              # run B is still going
+    monkeypatch.setenv("SAFETYREPRO_RUN_ID", "run-a")
+    shared = call(sd, "m1", "echo", max_workers=2)["pid"]
+    only_a = call(sd, "m2", "echo", max_workers=2)["pid"]
+    monkeypatch.setenv("SAFETYREPRO_RUN_ID", "run-b")
+    assert call(sd, "m1", "echo", max_workers=2)["pid"] == shared
+    rows = {r["key"]: r for r in stop_run_workers(sd, "run-a", timeout=10)}   # run A ends
+    assert rows["m1"]["outcome"] == "kept for run run-b" and pid_alive(shared)
+    assert rows["m2"]["outcome"] == "stopped" and not pid_alive(only_a)
+    assert call(sd, "m1", "echo", max_workers=2)["pid"] == shared              # B keeps its worker
+    lease_b.release()                                  # run B's process is gone
+    rows = {r["key"]: r for r in stop_run_workers(sd, "run-a", timeout=10)}
+    assert rows["m1"]["outcome"] == "stopped" and not pid_alive(shared)

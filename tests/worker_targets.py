@@ -42,3 +42,25 @@ def crash(state: dict) -> None:
 
 def not_json(state: dict) -> object:
     return {"x": object()}
+
+
+def write_table(state: dict, out: str, n: int = 1000, hang_before_rename: str | None = None) -> str:
+    """Write a real shard-like Parquet file with safetyrepro.io.write_parquet. With
+    ``hang_before_rename`` (a marker path) the data is written to the temp file, then the
+    fsync touches the marker and blocks: the test kills the worker there."""
+    import pyarrow as pa
+
+    from safetyrepro import io
+
+    if hang_before_rename:
+        real_fsync = io.os.fsync
+
+        def hang(fd):
+            real_fsync(fd)
+            open(hang_before_rename, "w").close()
+            time.sleep(3600)
+
+        io.os.fsync = hang
+    table = pa.table({"item_id": [f"i{k}" for k in range(n)], "x": list(range(n))})
+    io.write_parquet(table, out, {"kind": "test", "n": n})
+    return out

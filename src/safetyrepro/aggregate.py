@@ -32,6 +32,49 @@ def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
                          + "\nrerun the stale cells (snakemake reruns them when their fingerprint changed)")
 
 
+# What a shard's numbers depend on beyond its fingerprint, recorded by the model loader in
+# every shard's ``model_info``: one model's shards must agree on all of them (a replaced local
+# model folder changes the weights hash; another machine the device, dtype, matmul path or
+# library versions). Fields a shard does not record count as None.
+NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "nf4_matmul", "attention",
+                   "torch_version", "transformers_version", "bitsandbytes_version",
+                   "chat_template_hash")
+
+
+SHARD_NUMERICS_FIELDS = ("chat_template_hash",)  # recorded as ShardMeta fields, not in model_info
+
+
+def _numerics_value(meta: dict, field: str):
+    """A shard's value of a :data:`NUMERICS_FIELDS` field: its own metadata field where the
+    shard layout has one (``ShardMeta.chat_template_hash``), else its ``model_info``'s."""
+    if field in SHARD_NUMERICS_FIELDS:
+        return meta.get(field)
+    return (meta.get("model_info") or {}).get(field)
+
+
+def check_numerics(metas: dict[str, dict]) -> None:
+    """ShardError if the shards of one model differ in any :data:`NUMERICS_FIELDS`, naming
+    the values and shards of each group."""
+    by_model = defaultdict(dict)
+    for path, m in metas.items():
+        by_model[m.get("model")][path] = m
+    problems = []
+    for model, shards in sorted(by_model.items(), key=lambda kv: str(kv[0])):
+        for field in NUMERICS_FIELDS:
+            groups = defaultdict(list)
+            for path, m in shards.items():
+                groups[str(_numerics_value(m, field))].append(path)
+            if len(groups) > 1:
+                problems.append(f"model {model}: different {field}:\n" + "\n".join(
+                    f"    {value}: {len(paths)} shard(s), e.g. " + ", ".join(sorted(paths)[:3])
+                    for value, paths in sorted(groups.items())))
+    if problems:
+        raise ShardError("shards of one model were computed with different numerics; refusing to "
+                         "mix them:\n  " + "\n  ".join(problems) + "\ndelete the shards of the "
+                         "setup you do not want (e.g. those of a replaced model folder) and run the "
+                         "workflow again")
+
+
 def aggregate(plan, variant: str = "main", progress: bool = True):
     """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
     return _aggregate(plan, variant, progress)[:3]
@@ -67,6 +110,7 @@ def _aggregate(plan, variant: str, progress: bool):
         raise ShardError(f"{len(problems)} shard(s) missing, corrupt or stale:\n  "
                          + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else ""))
     _check_consistent(metas, "rules_stamp", "rules stamps")
+    check_numerics(metas)
     for b in cfg.benchmarks:
         _check_consistent({p: m for p, m in metas.items() if m["benchmark"] == b}, "subset_hash",
                           f"item-subset hashes for {b}")
@@ -85,6 +129,14 @@ def _aggregate(plan, variant: str, progress: bool):
         if m["subset_hash"] != im.get("subset_hash"):
             raise ShardError(f"{p}: item-subset hash {m['subset_hash'][:12]} differs from the current "
                              f"items file {plan.items_path(b)} ({str(im.get('subset_hash'))[:12]})")
+        if m.get("items_content_hash") and im.get("content_hash") \
+                and m["items_content_hash"] != im["content_hash"]:
+            # same items, other content (an items-code change rewrote their text or choices):
+            # the cell read other prompts. Cells do not rerun for rebuilt items by themselves.
+            raise ShardError(f"{p}: computed from items content {m['items_content_hash'][:12]}, but "
+                             f"{plan.items_path(b)} now holds {im['content_hash'][:12]} (the items "
+                             f"code changed their content); delete the shards of {b} "
+                             f"({plan.results}/shards*/*/{b}/) and run the workflow again")
         rows = tables[p].to_pylist()
         results, its = [], []
         for r in rows:
@@ -180,9 +232,9 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
     paths = aggregate_outputs(out_dir, variant)
     write_parquet(cells, paths["cell_scores"], meta)
     if variant == "main":
-        from .io import atomic_write_text
+        from .io import atomic_write_text, write_csv
 
-        atomic_write_text(paths["cell_scores_csv"], cells.to_csv(index=False))
+        write_csv(cells, paths["cell_scores_csv"])
         write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

@@ -16,7 +16,8 @@ import sys
 
 def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
               cell: str, seed: int, out: str, quantization: str, variant: str, items: str,
-              fewshot: str) -> dict:
+              fewshot: str, fingerprint: str | None = None, timeout: float | None = None,
+              device_wait: float | None = None) -> dict:
     from .worker.client import run_in_worker
 
     return run_in_worker(
@@ -26,8 +27,8 @@ def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, mod
         "safetyrepro.cells:run_cell_in_worker",
         {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
          "out": out, "quantization": quantization, "variant": variant, "items": items,
-         "fewshot": fewshot},
-        idle_timeout=idle_timeout,
+         "fewshot": fewshot, "fingerprint": fingerprint},
+        idle_timeout=idle_timeout, call_timeout=timeout, device_wait=device_wait,
         label=f"{model}/{benchmark}/{cell}/s{seed} ({variant}, {quantization})",
     )
 
@@ -45,15 +46,40 @@ def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, s
                      idle_timeout=plan.worker_idle_timeout, config=config, model=model,
                      benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant,
                      variant=variant, items=str(plan.items_path(benchmark)),
-                     fewshot=str(plan.fewshot_path(benchmark)))
+                     fewshot=str(plan.fewshot_path(benchmark)),
+                     fingerprint=plan.cell_fingerprint(model, benchmark, cell, seed, variant, chat_template=False),
+                     timeout=plan.cell_timeout, device_wait=plan.device_wait)
 
 
 REQUIRED = ("config", "model", "variant", "quantization", "benchmark", "cell", "seed", "items",
-            "fewshot", "state-root", "key", "idle-timeout", "out")
+            "fewshot", "state-root", "key", "idle-timeout", "timeout", "device-wait", "fingerprint",
+            "out")
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
          + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
          "--state-root: the folder of the per-node worker state folders (this node's is "
-         "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds.")
+         "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds; "
+         "--timeout: seconds the cell may run (runtime.cell_timeout_s); --device-wait: seconds "
+         "a new worker may wait for the device (runtime.device_wait_s); "
+         "--fingerprint: the cell fingerprint the workflow planned (the worker checks it "
+         "against its loaded code and data).")
+
+
+def check_shard_file(path: str) -> str | None:
+    """Why ``path`` is not a complete Parquet file (missing, empty, cut short), or None. The
+    worker has read the shard back whole; this standard-library check is the job's own, in
+    its process, before it reports success (Parquet starts and ends with ``PAR1``)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(size - 4, 0))
+            tail = fh.read(4)
+    except OSError as exc:
+        return f"cannot read it back ({exc})"
+    if size < 12 or head != b"PAR1" or tail != b"PAR1":
+        return f"it does not read back as a complete Parquet file ({size} bytes)"
+    return None
 
 
 class UsageError(Exception):
@@ -98,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         opts = parse_args(argv)
         seed = int(opts["seed"])
         idle = float(opts["idle-timeout"])
+        timeout, device_wait = float(opts["timeout"]), float(opts["device-wait"])
     except (UsageError, ValueError) as exc:
         print(f"{USAGE}\n\nerror: {exc}", file=sys.stderr)
         return 2
@@ -112,9 +139,15 @@ def main(argv: list[str] | None = None) -> int:
                             benchmark=opts["benchmark"], cell=opts["cell"], seed=seed,
                             out=path(opts["out"]), quantization=opts["quantization"],
                             variant=opts["variant"], items=path(opts["items"]),
-                            fewshot=path(opts["fewshot"]))
+                            fewshot=path(opts["fewshot"]), fingerprint=opts["fingerprint"],
+                            timeout=timeout, device_wait=device_wait)
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    problem = check_shard_file(path(opts["out"]))
+    if problem is not None:
+        print(f"error: the worker reported shard {path(opts['out'])} written, but {problem}",
+              file=sys.stderr)
         return 2
     print(json.dumps(summary))
     return 0

@@ -24,7 +24,7 @@ from .grid import Config
 from .hashing import canonical_hash, text_hash
 from .provenance import code_version
 from .requests import FreeformRequests, LogprobRequests, cell_requests
-from .shards import ShardMeta, write_shard
+from .shards import ShardMeta, read_shard, write_shard
 
 PENDING_GROUPS_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
 
@@ -70,6 +70,7 @@ class CellWorker:
 
     def __init__(self, lm=None):
         self.lm = lm
+        self.loaded_code: str | None = None  # inference-code hash at load (see load)
         self._configs: dict[tuple[str, float], RunConfig] = {}
         self._items: dict[tuple[str, float], tuple[list[dict], dict]] = {}
         self._pending: dict[tuple, dict[tuple[str, int], list]] = {}
@@ -87,11 +88,17 @@ class CellWorker:
         cores)."""
         import torch
 
+        from . import inference  # noqa: F401 - import the code the hash below covers, now
+        from .inference import generate, kvcache, scoring  # noqa: F401
         from .models import load_model
         from .models.load import compute_threads
+        from .plan import Plan
 
         worker = cls()
         cfg = worker.config(config)
+        # The inference code this worker runs is the code it imported now: its hash is taken
+        # now, not from the disk at the end of a call (which may hold an edit made since).
+        worker.loaded_code = Plan(cfg).inference_code
         torch.set_num_threads(compute_threads(cfg))
         worker.lm = load_model(cfg, model, quantization=quantization)
         return worker
@@ -154,11 +161,13 @@ class CellWorker:
         from .inference.generate import copy_generations
 
         # the prompts identify the template, shots and items; the rest the generation settings
+        # and the levels of every decoding of the group (temperature, top_p, ...) and the rules stamp
+        levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
         key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(req.prompts),
-               req.max_new_tokens, req.batch_size, tuple(group))
+               req.max_new_tokens, req.batch_size, tuple(group),
+               canonical_hash({d: levels[d] for d, _ in group}), cfg.rules.stamp)
         pending = self._pending.get(key)
         if pending is None or (decoding, spec.seed) not in pending:
-            levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
             streams, owners = group_streams(group, levels)
             outs = inference.generate_streams(self.lm, req.prompts, streams, store=self.prefills(cfg),
                                               max_new_tokens=req.max_new_tokens,
@@ -179,6 +188,16 @@ class CellWorker:
 # ---- the worker entry points (see cell_client) ----------------------------------------------
 def load_for_worker(config: str, model: str, quantization: str | None = None) -> CellWorker:
     return CellWorker.load(config, model, quantization)
+
+
+class StaleWorkerError(CellError):
+    """The job's cell fingerprint differs from the one this worker computes from the code,
+    config, rules and task files it has loaded: it would compute the cell under stale
+    settings. The worker exits (``worker_fatal``) and the client retries once on a fresh
+    worker (``worker_stale``)."""
+
+    worker_fatal = True
+    worker_stale = True
 
 
 def run_cell_in_worker(worker: CellWorker, **kwargs) -> dict:
@@ -215,19 +234,31 @@ def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, se
 def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
              variant: str = "main", items: str | None = None, fewshot: str | None = None,
              quantization: str | None = None, worker: CellWorker | None = None,
-             progress: bool = True) -> dict:
+             progress: bool = True, fingerprint: str | None = None) -> dict:
     """Run one cell of ``variant`` and write its shard atomically to ``out``. ``items`` /
     ``fewshot``: the item subset and few-shot pool files (default: the plan's);
     ``quantization``, when given, must be the one the plan gives the variant; ``worker``: the
-    state kept between cells (default: a fresh one, which loads the model). Returns a small
-    summary."""
+    state kept between cells (default: a fresh one, which loads the model); ``fingerprint``,
+    when given (the workflow's cell fingerprint, planned without the chat-template hash), must
+    be the one computed here from the loaded code and data, else :class:`StaleWorkerError`.
+    Returns a small summary."""
     from .plan import Plan
     from .tasks import load_task
 
     worker = worker if worker is not None else CellWorker()
     cfg = worker.config(config)
     plan = Plan(cfg)
+    if worker.loaded_code is not None:
+        plan.__dict__["inference_code"] = worker.loaded_code  # the cached_property, as loaded
     spec, c = resolve_cell(cfg, plan, model, benchmark, cell, seed, variant, quantization)
+    if fingerprint is not None:
+        planned = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant, chat_template=False)
+        if fingerprint != planned:
+            raise StaleWorkerError(
+                f"cell {spec.id}: the job's fingerprint {fingerprint[:12]} differs from "
+                f"{planned[:12]}, computed from the code, config ({config}), rules and task files "
+                "this process has loaded (one of them changed since it loaded them, or since the "
+                "workflow planned the job); nothing was computed")
     item_rows, items_meta = worker.items(Path(items) if items else plan.items_path(benchmark))
     pool, pool_meta = worker.items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
     task = load_task(benchmark)
@@ -238,12 +269,19 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
                         f"{lm.info.get('chat_template_hash')}) is not the one its prepare step recorded "
                         f"in {plan.model_marker(model)} ({prepared}); prepare the model again")
     group = plan.decode_group(benchmark, cell, variant)
+    cell_fp = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant)
 
     t0 = time.perf_counter()
     try:
         req = cell_requests(cfg, lm.tokenizer, task, c, item_rows, pool)
         if isinstance(req, FreeformRequests):
-            gens = worker.group_generations(cfg, spec, c.decoding, req, group, progress)
+            from .inference.generate import NonFiniteLogits
+
+            try:
+                gens = worker.group_generations(cfg, spec, c.decoding, req, group, progress)
+            except NonFiniteLogits as exc:
+                item = next((it["item_id"] for it, p in zip(item_rows, req.prompts) if p == exc.prompt), "?")
+                raise CellError(f"item {item}: {exc}") from exc
             rows = freeform_rows(task, item_rows, req, gens)
         else:
             rows = logprob_rows(lm, task, item_rows, req, worker.prefills(cfg), progress)
@@ -265,14 +303,21 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         decode_group=[list(g) for g in group],
         template_hash=task.template_hash(c.template),
         chat_template_hash=lm.info.get("chat_template_hash"), rules_stamp=cfg.rules.stamp, config_hash=cfg.hash,
-        subset_hash=items_meta.get("subset_hash"), fewshot_ids=[x["item_id"] for x in exemplars],
+        subset_hash=items_meta.get("subset_hash"), items_content_hash=items_meta.get("content_hash"),
+        fewshot_ids=[x["item_id"] for x in exemplars],
         fewshot_hash=pool_meta.get("subset_hash"),
-        fingerprint=plan.cell_fingerprint(model, benchmark, cell, int(seed), variant),
+        fingerprint=cell_fp,
         parser_version=task.parser_version, model_info=dict(lm.info),
         quantization=lm.info.get("quantization", spec.quantization), device=lm.info.get("device"),
         code_version=code_version(), n_items=len(rows), wall_s=wall,
     )
     write_shard(out, rows, meta)
+    _, back = read_shard(out)   # it reads back, whole, before the job reports success
+    if back.fingerprint != cell_fp:
+        from .errors import ShardError
+
+        raise ShardError(f"{out}: read back with fingerprint {back.fingerprint}, "
+                         f"expected {cell_fp} (another writer replaced it?)")
     return summary(out, rows, wall)
 
 

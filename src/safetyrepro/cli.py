@@ -74,7 +74,7 @@ def certify(
     """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table;
     with an 'item' column also the item-level significance (rho_flip_sig, crossover test, item bootstrap)."""
     from .certify import certify as run, to_json, to_text
-    from .io import atomic_write_text
+    from .io import atomic_write_text, write_csv
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
     res = run(scores, cols, drop_incomplete, tol, alpha=alpha, samples=bootstrap_samples, seed=bootstrap_seed,
@@ -83,13 +83,13 @@ def certify(
     typer.echo(text)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "pairs.csv", res.pairs.to_csv(index=False))
-        atomic_write_text(out / "benchmarks.csv", res.summary.to_csv(index=False))
+        write_csv(res.pairs, out / "pairs.csv")
+        write_csv(res.summary, out / "benchmarks.csv")
         atomic_write_text(out / "certify.json", to_json(res))
         for name, table in (res.significance or {}).items():
-            atomic_write_text(out / f"{name}.csv", table.to_csv(index=False))
+            write_csv(table, out / f"{name}.csv")
         if res.reversal is not None:
-            atomic_write_text(out / "nearest_reversal.csv", res.reversal.to_csv(index=False))
+            write_csv(res.reversal, out / "nearest_reversal.csv")
 
 
 @app.command("run-cell")

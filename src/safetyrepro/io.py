@@ -2,8 +2,9 @@
 
 Every table this project writes carries a JSON metadata record under the Parquet key
 ``safetyrepro`` (rules stamp, subset hash, code version, ...). Files are written to a temp
-file in the same directory and renamed into place, so a crash never leaves a file that looks
-complete."""
+file in the same directory, fsynced, renamed into place and the directory fsynced, so neither
+a killed writer nor a crashed node leaves a file that looks complete; temp files left by a
+dead writer are swept by the next write of the same file. Files get the user's umask."""
 
 from __future__ import annotations
 
@@ -21,16 +22,106 @@ from .errors import ShardError
 META_KEY = b"safetyrepro"
 
 
+STALE_TMP_S = 24 * 3600  # a temp file of another node older than this is left over
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname().split(".")[0].replace(".", "_") or "localhost"
+
+
+def _umask() -> int:
+    """The process umask (read from /proc, else set and restored)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _temp_for(path: Path) -> tuple[int, str]:
+    """A temp file beside ``path`` named ``.<name>.<host>.<pid>.<random>.tmp``, so a later
+    writer can tell a left-over one (:func:`sweep_stale_tmp`); mode 0666 minus the umask,
+    like any file the user creates (mkstemp would make it 0600)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_tmp(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=".tmp",
+                               dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited but not been reaped yet (Linux /proc; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def sweep_stale_tmp(path: str | Path) -> list[Path]:
+    """Remove temp files of ``path`` left by a writer that died mid-write (killed worker,
+    crashed node): those of a dead process on this node, and those of another node older than
+    :data:`STALE_TMP_S`. Returns what was removed."""
+    import time
+
+    path = Path(path)
+    host, removed = _host(), []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        parts = tmp.name[len(path.name) + 2:].split(".")
+        try:
+            if len(parts) >= 4 and parts[0] == host:
+                pid = int(parts[1])
+                if pid == os.getpid():
+                    continue
+                try:
+                    os.kill(pid, 0)
+                    if not _is_zombie(pid):
+                        continue           # its writer is alive (a zombie is done writing)
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    continue
+            elif time.time() - tmp.stat().st_mtime < STALE_TMP_S:
+                continue
+            tmp.unlink()
+            removed.append(tmp)
+        except (OSError, ValueError):
+            continue
+    return removed
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (a crash after it cannot bring the old name back)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_for(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -39,6 +130,31 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# A spreadsheet reads a cell starting with one of these as a formula (CSV/formula injection:
+# a model or benchmark named "=HYPERLINK(...)" in an input table would run when the CSV is
+# opened). Text cells starting with them are written with a leading apostrophe, which
+# spreadsheets show as text; numbers (a negative score) are not text and stay as they are.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(df):
+    """A copy of a pandas frame whose text cells cannot start a spreadsheet formula."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
+            out[col] = out[col].map(lambda v: "'" + v if isinstance(v, str) and v.startswith(FORMULA_PREFIXES)
+                                    else v)
+    out.columns = [("'" + c) if isinstance(c, str) and c.startswith(FORMULA_PREFIXES) else c
+                   for c in out.columns]
+    return out
+
+
+def write_csv(df, path: str | Path) -> Path:
+    """Write a pandas frame as CSV atomically, neutralising formula-like text (see above)."""
+    atomic_write_text(path, spreadsheet_safe(df).to_csv(index=False))
+    return Path(path)
 
 
 def _to_arrow(table) -> pa.Table:
@@ -57,12 +173,14 @@ def write_parquet(table, path: str | Path, metadata: dict[str, Any]) -> Path:
     existing.pop(b"pandas", None)
     existing[META_KEY] = json.dumps(metadata, sort_keys=True, default=str).encode()
     at = at.replace_schema_metadata(existing)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    fd, tmp = _temp_for(path)
     try:
-        pq.write_table(at, tmp)
+        with os.fdopen(fd, "wb") as fh:
+            pq.write_table(at, fh)
+            fh.flush()
+            os.fsync(fh.fileno())      # the data is on disk before the name says "done"
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

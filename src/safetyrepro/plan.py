@@ -142,6 +142,15 @@ class Plan:
         layer (one GPU each, see profiles/slurm), so the job asks for the largest ``mem_mb``
         and the sum of its cells' minutes."""
         return {**self.cfg.section("runtime")["cluster"], **self.cfg.model(model).get("cluster", {})}
+    @property
+    def cell_timeout(self) -> float:
+        """Seconds a cell call may run before it fails and its worker exits (watchdog)."""
+        return float(self.cfg.section("runtime")["cell_timeout_s"])  # default: config.DEFAULTS
+
+    @property
+    def device_wait(self) -> float:
+        """Seconds a worker waits for the device before failing, naming the holder."""
+        return float(self.cfg.section("runtime")["device_wait_s"])
 
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, model source): a changed source loads afresh."""
@@ -235,7 +244,45 @@ class Plan:
         })
 
     def items_fingerprint(self, benchmark: str) -> str:
+        """The items rule's fingerprint: the benchmark's config section, the data settings and
+        the *content* the current items code builds from them (not the code's bytes), so an
+        items-code edit that changes no item reruns neither the items job nor any cell, and
+        one that changes an item reruns both (:meth:`expected_items_content`)."""
+        settings = {"benchmark": self.cfg.benchmark(benchmark), "data": self.cfg.section("data")}
+        return canonical_hash({**settings, "content": self.expected_items_content(benchmark)})
+
+    @functools.lru_cache(maxsize=None)
+    def expected_items_content(self, benchmark: str) -> str:
+        """The ``content_hash`` the items code would write for ``benchmark``, computed in
+        memory (nothing written), cached in ``<results>/items/.expected_content.json`` per
+        (settings, items code). Where it cannot be computed here (hub data not downloaded, a
+        broken items code) the items code hash stands in, so the items job runs and reports."""
+        import json
+
         from .provenance import group_fingerprint
 
-        return canonical_hash({"benchmark": self.cfg.benchmark(benchmark), "data": self.cfg.section("data"),
-                               "code": group_fingerprint("items")})
+        key = canonical_hash({"benchmark": self.cfg.benchmark(benchmark), "data": self.cfg.section("data"),
+                              "code": group_fingerprint("items"), "name": benchmark})
+        cache = self.results / "items" / ".expected_content.json"
+        try:
+            known = json.loads(cache.read_text())
+        except (OSError, ValueError):
+            known = {}
+        if key in known:
+            return known[key]
+        if self.cfg.section("data").get("source", "local") != "local":
+            return "code:" + key
+        try:
+            from .items import build_items
+
+            content = build_items(self.cfg, benchmark, write=False)["content_hash"]
+        except Exception:  # noqa: BLE001 - the items job itself reports it
+            return "code:" + key
+        try:
+            from .io import atomic_write_text
+
+            known = {**known, key: content}
+            atomic_write_text(cache, json.dumps(dict(list(known.items())[-200:]), indent=0))
+        except OSError:
+            pass
+        return content

@@ -60,6 +60,7 @@ class ShardMeta:
     rules_stamp: str
     config_hash: str
     subset_hash: str | None
+    items_content_hash: str | None  # content_hash of the item file it scored (aggregation checks it)
     fewshot_ids: list
     fewshot_hash: str | None
     # what produced it

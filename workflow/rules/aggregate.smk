@@ -16,8 +16,8 @@ rule aggregate:
         config=CONFIG,
         scoring=PLAN.scoring_code,
     shell:
-        '"$PY" -m safetyrepro aggregate --config {params.config} --variant main'
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro aggregate --config {params.config:q} --variant main'
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule aggregate_bf16:
@@ -34,8 +34,8 @@ rule aggregate_bf16:
         config=CONFIG,
         scoring=PLAN.scoring_code,
     shell:
-        '"$PY" -m safetyrepro aggregate --config {params.config} --variant bf16'
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro aggregate --config {params.config:q} --variant bf16'
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule rho_flip:
@@ -51,4 +51,4 @@ rule rho_flip:
     params:
         code=PLAN.code_fingerprint("safetyrepro.metrics.tables"),
     shell:
-        '"$PY" -m safetyrepro rho-flip {input} --out {output.pairs} > {log} 2>&1'
+        '"$PY" -m safetyrepro rho-flip {input:q} --out {output.pairs:q} > {log:q} 2>&1'

@@ -27,9 +27,9 @@ rule paper_tables:
         seed=ANALYSIS["bootstrap_seed"],
         rules=RUN.rules.path,
     shell:
-        '"$PY" -m safetyrepro analyze tables {input} --out-dir {params.out_dir} --threshold {params.threshold}'
-        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed}"
-        " --rules {params.rules} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze tables {input:q} --out-dir {params.out_dir:q} --threshold {params.threshold:q}'
+        " --bootstrap-samples {params.samples:q} --bootstrap-seed {params.seed:q}"
+        " --rules {params.rules:q} > {log:q} 2>&1"
 
 
 rule significance:
@@ -57,9 +57,9 @@ rule significance:
         samples=ANALYSIS["bootstrap_samples"],
         seed=ANALYSIS["bootstrap_seed"],
     shell:
-        '"$PY" -m safetyrepro analyze significance {input.cells} {input.item_results}'
-        " --out-dir {params.out_dir} --alpha {params.alpha}"
-        " --bootstrap-samples {params.samples} --bootstrap-seed {params.seed} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze significance {input.cells:q} {input.item_results:q}'
+        " --out-dir {params.out_dir:q} --alpha {params.alpha:q}"
+        " --bootstrap-samples {params.samples:q} --bootstrap-seed {params.seed:q} > {log:q} 2>&1"
 
 
 rule nearest_reversal:
@@ -82,9 +82,9 @@ rule nearest_reversal:
         out_dir=lambda w, output: os.path.dirname(output[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze nearest-reversal {input.cells} --out-dir {params.out_dir}'
-        " --nominal-config {params.nominal}"
-        " --significance-configs {input.significance_configs} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze nearest-reversal {input.cells:q} --out-dir {params.out_dir:q}'
+        " --nominal-config {params.nominal:q}"
+        " --significance-configs {input.significance_configs:q} > {log:q} 2>&1"
 
 
 rule variance:
@@ -109,7 +109,7 @@ rule variance:
         code=PLAN.code_fingerprint("safetyrepro.analysis.variance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
-        '"$PY" -m safetyrepro analyze variance {input} --out-dir {params.out_dir} > {log} 2>&1'
+        '"$PY" -m safetyrepro analyze variance {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1'
 
 
 rule robustness:
@@ -135,8 +135,8 @@ rule robustness:
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze robustness {input.cells} {input.item_results} --items-dir {params.items_dir}'
-        " --out-dir {params.out_dir} --nominal-config {params.nominal} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q} --items-dir {params.items_dir:q}'
+        " --out-dir {params.out_dir:q} --nominal-config {params.nominal:q} > {log:q} 2>&1"
 
 
 rule subsample_stability:
@@ -170,10 +170,10 @@ rule subsample_stability:
         seed=ANALYSIS["bootstrap_seed"],
         rules=RUN.rules.path,
     shell:
-        '"$PY" -m safetyrepro analyze subsample {input.item_results} --items-dir {params.items_dir}'
-        " --out-dir {params.out_dir}"
-        " --fraction {params.fraction} --repeats {params.repeats} --seed {params.seed}"
-        " --rules {params.rules} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze subsample {input.item_results:q} --items-dir {params.items_dir:q}'
+        " --out-dir {params.out_dir:q}"
+        " --fraction {params.fraction:q} --repeats {params.repeats:q} --seed {params.seed:q}"
+        " --rules {params.rules:q} > {log:q} 2>&1"
 
 
 rule bbq_bias:
@@ -198,8 +198,8 @@ rule bbq_bias:
         out_dir=lambda w, output: os.path.dirname(output[0]),
         items_dir=lambda w, input: os.path.dirname(input.bbq_items),
     shell:
-        '"$PY" -m safetyrepro analyze bbq-bias {input.cells} {input.item_results} --items-dir {params.items_dir}'
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze bbq-bias {input.cells:q} {input.item_results:q} --items-dir {params.items_dir:q}'
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule precision_check:
@@ -223,8 +223,8 @@ rule precision_check:
         out_dir=lambda w, output: os.path.dirname(output[0]),
         rules=RUN.rules.path,
     shell:
-        '"$PY" -m safetyrepro analyze precision {input.main} {input.bf16}'
-        " --out-dir {params.out_dir} --rules {params.rules} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze precision {input.main:q} {input.bf16:q}'
+        " --out-dir {params.out_dir:q} --rules {params.rules:q} > {log:q} 2>&1"
 
 
 rule cards:
@@ -248,9 +248,11 @@ rule cards:
         code=PLAN.code_fingerprint("safetyrepro.analysis.cards"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         cross_package=lambda w, input: (
-            f"--cross-package {input.cross_package[0]}" if input.cross_package else ""
+            f"--cross-package {shlex.quote(input.cross_package[0])}"
+            if input.cross_package
+            else ""
         ),
     shell:
-        '"$PY" -m safetyrepro analyze cards {input.cells} --provenance {input.provenance}'
-        " --significance {input.significance} --nearest-reversal {input.nearest_reversal}"
-        " {params.cross_package} --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze cards {input.cells:q} --provenance {input.provenance:q}'
+        " --significance {input.significance:q} --nearest-reversal {input.nearest_reversal:q}"
+        " {params.cross_package} --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -48,6 +48,8 @@ rule cell:
         key=lambda w: PLAN.worker_key(w.model, cell_quantization(w)),
         state_root=rel(PLAN.worker_state_root),
         idle=PLAN.worker_idle_timeout,
+        timeout=PLAN.cell_timeout,
+        device_wait=PLAN.device_wait,
         # without the chat-template hash: the prepared-model marker (an input) holds it and
         # does not exist yet when a fresh run is planned (Plan.cell_fingerprint)
         fingerprint=lambda w: PLAN.cell_fingerprint(
@@ -59,8 +61,10 @@ rule cell:
             chat_template=False,
         ),
     shell:
-        '"$PY" -m safetyrepro.cell_client --config {params.config} --model {wildcards.model}'
-        " --variant {params.variant} --quantization {params.quant} --benchmark {wildcards.benchmark}"
-        " --cell {wildcards.config} --seed {wildcards.seed} --items {input.subset}"
-        " --fewshot {input.fewshot} --state-root {params.state_root} --key {params.key}"
-        " --idle-timeout {params.idle} --out {output} > {log} 2>&1"
+        '"$PY" -m safetyrepro.cell_client --config {params.config:q} --model {wildcards.model:q}'
+        " --variant {params.variant:q} --quantization {params.quant:q} --benchmark {wildcards.benchmark:q}"
+        " --cell {wildcards.config:q} --seed {wildcards.seed:q} --items {input.subset:q}"
+        " --fewshot {input.fewshot:q} --state-root {params.state_root:q} --key {params.key:q}"
+        " --idle-timeout {params.idle:q} --timeout {params.timeout:q}"
+        " --device-wait {params.device_wait:q} --fingerprint {params.fingerprint:q}"
+        " --out {output:q} > {log:q} 2>&1"

@@ -2,6 +2,8 @@
 # input functions and wildcard constraints every other rule file uses.
 import os
 import re
+import shlex
+import socket
 import sys
 import time
 from pathlib import Path
@@ -56,7 +58,16 @@ CONFIG = rel(CONFIG_PATH)
 ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
 
 # Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...).
-shell.prefix(f'set -euo pipefail; PY="{sys.executable}"; ')
+# Every path and value a rule's shell command interpolates is shell-quoted ({x:q}), so a
+# results folder with a space (or a value holding "$(...)") is one argument, never code.
+# RUN_ID names this invocation to the model workers (the end-of-run cleanup stops only the
+# workers no other run is using); an environment variable, not a param, so it never reruns a job.
+RUN_ID = f"run-{socket.gethostname().split('.')[0]}-{os.getpid()}-{int(time.time())}"
+RUN_ID = re.sub(r"[^A-Za-z0-9._+-]", "_", RUN_ID)
+shell.prefix(
+    f"set -euo pipefail; PY={shlex.quote(sys.executable)}; "
+    f"export SAFETYREPRO_RUN_ID={RUN_ID}; "
+)
 
 
 wildcard_constraints:
@@ -147,6 +158,7 @@ def cell_quantization(wildcards):
 
 onstart:
     from safetyrepro.models.load import require_device
+    from safetyrepro.run_summary import start_run
     from safetyrepro.scheduling import drop_local_rate_limiter
 
     # a config that needs a GPU (runtime.device: cuda) fails here, before any job starts
@@ -156,15 +168,16 @@ onstart:
     except SafetyReproError as exc:
         sys.exit(f"error: {exc}")
     drop_local_rate_limiter(workflow)
+    start_run(RESULTS, RUN_ID)
 
 
 onsuccess:
     from safetyrepro.run_summary import finish_run
 
-    finish_run(RESULTS, RUN_T0, ok=True)
+    finish_run(RESULTS, RUN_T0, ok=True, run_id=RUN_ID)
 
 
 onerror:
     from safetyrepro.run_summary import finish_run
 
-    finish_run(RESULTS, RUN_T0, ok=False, snakemake_log=log)
+    finish_run(RESULTS, RUN_T0, ok=False, snakemake_log=log, run_id=RUN_ID)

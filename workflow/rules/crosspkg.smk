@@ -23,6 +23,6 @@ rule cross_package:
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         work=f"{RESULTS}/cross_package",
     shell:
-        '"$PY" -m safetyrepro cross-package --config {params.config} --items-dir {params.items_dir}'
-        " --item-results {input.item_results} --out {output.table} --work {params.work}"
-        " --figure {output.figure} > {log} 2>&1"
+        '"$PY" -m safetyrepro cross-package --config {params.config:q} --items-dir {params.items_dir:q}'
+        " --item-results {input.item_results:q} --out {output.table:q} --work {params.work:q}"
+        " --figure {output.figure:q} > {log:q} 2>&1"

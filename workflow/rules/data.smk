@@ -3,8 +3,10 @@
 
 rule items:
     output:
-        subset=f"{RESULTS}/items/{{benchmark}}.parquet",
-        fewshot=f"{RESULTS}/items/{{benchmark}}.fewshot.parquet",
+        # update(): not deleted before the job, and restored if it fails (a failed rebuild
+        # keeps the good files); the job leaves files holding the same items untouched.
+        subset=update(f"{RESULTS}/items/{{benchmark}}.parquet"),
+        fewshot=update(f"{RESULTS}/items/{{benchmark}}.fewshot.parquet"),
     log:
         f"{RESULTS}/logs/items/{{benchmark}}.log",
     priority: 100  # before any cell, so each model's cells then run back to back
@@ -15,5 +17,5 @@ rule items:
         config=CONFIG,
         fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
     shell:
-        '"$PY" -m safetyrepro items --config {params.config} --benchmark {wildcards.benchmark}'
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro items --config {params.config:q} --benchmark {wildcards.benchmark:q}'
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"

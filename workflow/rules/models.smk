@@ -16,5 +16,5 @@ rule prepare_model:
     # stderr (download progress bars, errors) goes to the log AND the console: a 15-18 GB
     # download is visible where the run is watched
     shell:
-        '"$PY" -m safetyrepro prepare-model --config {params.config} --model {wildcards.model}'
-        " --marker {output} 2> >(tee {log} >&2)"
+        '"$PY" -m safetyrepro prepare-model --config {params.config:q} --model {wildcards.model:q}'
+        " --marker {output:q} 2> >(tee {log:q} >&2)"

@@ -33,8 +33,8 @@ rule figures:
         out_dir=lambda w, output: os.path.dirname(output[0]),
         tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
     shell:
-        '"$PY" -m safetyrepro analyze figures {params.tables_dir}'
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze figures {params.tables_dir:q}'
+        " --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule report_md:
@@ -68,5 +68,5 @@ rule report_md:
         tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
         figures_dir=lambda w, input: os.path.dirname(input.figures[0]),
     shell:
-        '"$PY" -m safetyrepro analyze report-md {params.tables_dir}'
-        " --figures-dir {params.figures_dir} --out {output} > {log} 2>&1"
+        '"$PY" -m safetyrepro analyze report-md {params.tables_dir:q}'
+        " --figures-dir {params.figures_dir:q} --out {output:q} > {log:q} 2>&1"

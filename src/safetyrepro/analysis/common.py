@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..io import atomic_write_text, read_metadata, read_parquet, write_parquet
+from ..io import read_metadata, read_parquet, write_csv, write_parquet
 from ..provenance import code_stamp, code_version_string, stale_reason
 from ..rules import AXES  # noqa: F401  (defined once, in rules)
 
@@ -202,7 +202,7 @@ def write_table(df: pd.DataFrame, out_dir: str | Path, name: str, meta: dict) ->
     out_dir = Path(out_dir)
     pq_path = write_parquet(df.reset_index(drop=True), out_dir / f"{name}.parquet", meta)
     csv_path = out_dir / f"{name}.csv"
-    atomic_write_text(csv_path, df.to_csv(index=False))
+    write_csv(df, csv_path)
     return {name: pq_path, f"{name}_csv": csv_path}
 
 

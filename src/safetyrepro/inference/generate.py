@@ -86,6 +86,17 @@ class Stream:
 EXP_FLOOR = -87.0
 
 
+class NonFiniteLogits(CellError):
+    """A decode step produced NaN or Inf logits (a numerical failure of the model); ``prompt``
+    is the prompt of the first sequence affected, so the cell can name its item."""
+
+    def __init__(self, prompt: str | None, value: float):
+        super().__init__(f"non-finite logit ({value}) while generating (numerical failure in "
+                         "the model's logits)")
+        self.prompt = prompt
+        self.value = value
+
+
 class _Sampler:
     """Per-row next-token choice. Row r is greedy (argmax) when its temperature is 0, else it
     draws from its own generator seeded by (seed_r, prompt_r). One temperature / top_p / seed
@@ -108,6 +119,7 @@ class _Sampler:
         self.gens = [torch.Generator().manual_seed(item_seed(s, p)) if t > 0 else None
                      for s, p, t in zip(row_seeds, prompts, temps)]
         self.greedy = all(t == 0 for t in temps)
+        self.prompts = prompts
 
     @classmethod
     def for_streams(cls, streams: list[Stream], prompts: list[str]) -> "_Sampler":
@@ -125,7 +137,14 @@ class _Sampler:
 
     def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
         """The next token of each row of ``logits`` ([len(active), V], any float dtype); row j
-        belongs to sequence ``active[j]``."""
+        belongs to sequence ``active[j]``. NonFiniteLogits if a row holds NaN or Inf (argmax
+        and the inverse CDF would turn it into some token, scored as a parse failure)."""
+        finite = torch.isfinite(logits).all(dim=-1)
+        if not bool(finite.all()):
+            j = int((~finite).nonzero()[0, 0])
+            r = active[j]
+            raise NonFiniteLogits(self.prompts[r] if r < len(self.prompts) else None,
+                                  float(logits[j][~torch.isfinite(logits[j])][0]))
         if self.greedy:
             return logits.argmax(dim=-1)
         if logits.device.type == "cpu" and all(self.top_ps[r] == 1.0 for r in active):

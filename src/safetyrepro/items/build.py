@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -9,8 +10,9 @@ from typing import Sequence
 import pandas as pd
 
 from ..config import DEFAULTS, RunConfig
-from ..errors import ConfigError
-from ..io import read_parquet, write_parquet
+from ..errors import ConfigError, SafetyReproError
+from ..hashing import canonical_hash
+from ..io import read_metadata, read_parquet, write_parquet
 from ..provenance import code_version
 from . import hub, loaders
 from .schema import (EVAL_SPLIT, FEWSHOT_SIZE, FEWSHOT_SPLIT, STRATA, ItemsError,
@@ -53,10 +55,13 @@ def items_paths(out_dir: Path, benchmark: str) -> tuple[Path, Path]:
     return Path(out_dir) / f"{benchmark}.parquet", Path(out_dir) / f"{benchmark}.fewshot.parquet"
 
 
-def build_items(cfg: RunConfig, benchmark: str, out_dir: Path | None = None) -> dict:
+def build_items(cfg: RunConfig, benchmark: str, out_dir: Path | None = None,
+                write: bool = True) -> dict:
     """Write ``<out_dir>/<benchmark>.parquet`` (the evaluated subset) and
     ``<benchmark>.fewshot.parquet`` (5 ordered exemplars) with provenance metadata;
-    ``out_dir`` defaults to ``<results_dir>/items``. Returns a summary dict."""
+    ``out_dir`` defaults to ``<results_dir>/items``. Files already holding the same content
+    (``content_hash``) are left untouched; a failed build leaves the previous files as they
+    were; ``write=False`` only computes. Returns a summary dict."""
     check_benchmark(benchmark)
     if benchmark not in cfg.benchmarks:
         raise ConfigError(cfg.path, "benchmarks", f"{benchmark!r} is not configured; "
@@ -107,20 +112,45 @@ def build_items(cfg: RunConfig, benchmark: str, out_dir: Path | None = None) -> 
     }
     items_path, fewshot_path = items_paths(
         Path(out_dir) if out_dir is not None else cfg.results_dir / "items", benchmark)
-    # each file is written atomically; if the second write fails the first is removed, so
-    # a benchmark never has an items file without its few-shot pool (or vice versa)
+    items_tbl, fewshot_tbl = to_arrow(subset, benchmark), to_arrow(fewshot, benchmark)
+    # What the cells read: every row of both files (not the code version). Files that hold
+    # it already are left untouched, so an items-code edit that changes nothing leaves their
+    # modification times, and every cell computed from them, alone.
+    meta["content_hash"] = canonical_hash({"items": items_tbl.to_pylist(),
+                                           "fewshot": fewshot_tbl.to_pylist(), "meta": {
+                                               k: v for k, v in meta.items() if k not in
+                                               ("code_version", "config_path", "config_hash")}})
+    summary = {"benchmark": benchmark, "n_items": len(subset), "strata": strata,
+               "subset_hash": shash, "content_hash": meta["content_hash"],
+               "fewshot_ids": fewshot["item_id"].tolist(),
+               "sources": sources, "items_path": items_path, "fewshot_path": fewshot_path}
+    if not write:
+        return summary
+    if _content_hash(items_path) == _content_hash(fewshot_path) == meta["content_hash"]:
+        return summary | {"unchanged": True}
+    # Both files are written to temporary names first and renamed into place only when both
+    # are complete: a failed rebuild leaves the previous (good) pair as it was.
+    new_fewshot = fewshot_path.with_name(f".{fewshot_path.name}.new")
+    new_items = items_path.with_name(f".{items_path.name}.new")
     try:
-        write_parquet(to_arrow(fewshot, benchmark), fewshot_path,
+        write_parquet(fewshot_tbl, new_fewshot,
                       {**meta, "kind": "fewshot", "n_fewshot": len(fewshot),
                        "fewshot_note": "ordered; k-shot prompts use the first k exemplars"})
-        write_parquet(to_arrow(subset, benchmark), items_path, {**meta, "kind": "items"})
-    except BaseException:
-        for p in (fewshot_path, items_path):
+        write_parquet(items_tbl, new_items, {**meta, "kind": "items"})
+        os.replace(new_fewshot, fewshot_path)
+        os.replace(new_items, items_path)
+    finally:
+        for p in (new_fewshot, new_items):
             p.unlink(missing_ok=True)
-        raise
-    return {"benchmark": benchmark, "n_items": len(subset), "strata": strata,
-            "subset_hash": shash, "fewshot_ids": fewshot["item_id"].tolist(),
-            "sources": sources, "items_path": items_path, "fewshot_path": fewshot_path}
+    return summary | {"unchanged": False}
+
+
+def _content_hash(path: Path) -> str | None:
+    """The ``content_hash`` an items or few-shot file records (None if absent/unreadable)."""
+    try:
+        return read_metadata(path).get("content_hash")
+    except SafetyReproError:
+        return None
 
 
 def read_items(path: str | Path) -> tuple[pd.DataFrame, dict]:

@@ -31,8 +31,12 @@ def run_items(config: Path, benchmark: str | None = None, out_dir: Path | None =
         echo(f"  few-shot pool: {', '.join(s['fewshot_ids'])}")
         for src in s["sources"]:
             echo(f"  source {src['path']} sha256 {src['sha256']}")
-        echo(f"  wrote {s['items_path']}")
-        echo(f"  wrote {s['fewshot_path']}")
+        if s.get("unchanged"):
+            echo(f"  items unchanged (content {s['content_hash'][:12]}): left {s['items_path']} "
+                 f"and {s['fewshot_path']} as they were")
+        else:
+            echo(f"  wrote {s['items_path']}")
+            echo(f"  wrote {s['fewshot_path']}")
     return summaries
 
 

@@ -80,7 +80,7 @@ def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
     fingerprint) and a CSV beside it, from ``cell_scores.parquet``; returns the table."""
     from pathlib import Path
 
-    from ..io import atomic_write_text, read_parquet, write_parquet
+    from ..io import read_parquet, write_csv, write_parquet
     from ..provenance import code_stamp, code_version
 
     cell_scores, out = Path(cell_scores), Path(out)
@@ -94,5 +94,5 @@ def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
            "sources": [{"path": str(cell_scores), "producer": meta.get("producer"),
                         "code_fingerprint": meta.get("code_fingerprint")}]}
     write_parquet(pairs, out, md)
-    atomic_write_text(out.with_suffix(".csv"), pairs.to_csv(index=False))
+    write_csv(pairs, out.with_suffix(".csv"))
     return pairs

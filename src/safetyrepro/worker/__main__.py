@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=1, help="workers allowed to hold the device")
     p.add_argument("--owner", default=None,
                    help="PID:START of the process whose exit ends this worker (cluster jobs)")
+    p.add_argument("--device-wait", type=float, default=None,
+                   help="fail (naming the holder) after waiting this long for the device")
     p.add_argument("--detach", action="store_true",
                    help="fork; return once the worker listens")
     args = parser.parse_args(argv)
@@ -30,12 +32,13 @@ def main(argv: list[str] | None = None) -> int:
         loader_args = json.loads(args.loader_arg)
     except ValueError as exc:
         parser.error(f"--loader-arg is not JSON: {exc}")
+    from ..errors import SafetyReproError
     from .server import serve
     try:
         return serve(args.state_dir, args.key, args.loader, loader_args,
                      idle_timeout=args.idle_timeout, slots=args.slots, detach=args.detach,
-                     owner=args.owner)
-    except ValueError as exc:
+                     owner=args.owner, device_wait=args.device_wait)
+    except (ValueError, SafetyReproError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -22,14 +22,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
-from .protocol import PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message, recv_message, send_frame
-from .state import (FileLock, WorkerPaths, allocation_owner, is_worker_process, list_pid_files, lock_is_held,
-                    log_tail, pid_alive, read_holder, read_pid_file, remove_if_owned, spec_hash)
+from .protocol import (PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message,
+                       peer_credentials, recv_message, send_frame)
+from .state import (FileLock, WorkerPaths, allocation_owner, device_locks, is_worker_process, list_pid_files,
+                    lock_is_held, log_tail, open_private, pid_alive, read_holder, read_pid_file,
+                    remove_if_owned, spec_hash)
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 DEFAULT_START_TIMEOUT = 60.0
 HELLO_TIMEOUT = 30.0
 MAX_ATTEMPTS = 20
+RUN_ENV = "SAFETYREPRO_RUN_ID"  # set by the workflow for its jobs: the run a call belongs to
+WATCHDOG_GRACE_S = 30.0   # past a call's deadline, the client waits this long for the watchdog
 EXIT_ALREADY_RUNNING = 3  # see server.serve
 
 
@@ -45,10 +49,10 @@ class _Connection:
     def pid(self) -> int | None:
         return self.hello.get("pid")
 
-    def request(self, frame: bytes) -> dict[str, Any]:
-        """Send a request and wait (without time limit) for the reply; ConnectionClosed or
-        OSError if the worker went away."""
-        self.sock.settimeout(None)
+    def request(self, frame: bytes, timeout: float | None = None) -> dict[str, Any]:
+        """Send a request and wait for the reply (at most ``timeout`` s; socket.timeout after
+        that); ConnectionClosed or OSError if the worker went away."""
+        self.sock.settimeout(timeout)
         send_frame(self.sock, frame)
         return recv_message(self.sock)
 
@@ -69,6 +73,12 @@ def connect(paths: WorkerPaths, timeout: float = HELLO_TIMEOUT) -> _Connection |
         sock.close()
         raise WorkerError(f"the worker socket {paths.sock} for {paths.key} accepted no connection "
                           f"within {timeout:.0f} s; last lines of {paths.log}:\n{log_tail(paths.log)}")
+    creds = peer_credentials(sock)
+    if creds is not None and creds[1] != os.getuid():
+        sock.close()              # never send a cell (paths, config) to another user's process
+        raise WorkerError(f"{paths.sock} is served by pid {creds[0]} of uid {creds[1]}, not by "
+                          f"a worker of yours (uid {os.getuid()}); refusing to talk to it: "
+                          f"remove the socket, or set the worker state folder to one of your own")
     try:
         hello = recv_message(sock)
     except (ConnectionClosed, ConnectionError):
@@ -115,7 +125,8 @@ def _worker_env(env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle_timeout: float,
-           start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None) -> None:
+           start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None,
+           device_wait: float | None = None) -> None:
     """Start a detached worker and wait until it listens (call with the start lock held)."""
     import subprocess  # here, not at the top: most clients find a worker running
 
@@ -126,7 +137,9 @@ def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle
     owner = allocation_owner()
     if owner is not None:         # in a cluster job: the worker ends with the job's process
         cmd += ["--owner", owner]
-    with open(paths.log, "ab") as logf:
+    if device_wait is not None:
+        cmd += ["--device-wait", repr(float(device_wait))]
+    with os.fdopen(open_private(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as logf:
         logf.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} client pid {os.getpid()} starts "
                    f"a worker for {paths.key}\n".encode())
         logf.flush()
@@ -187,7 +200,8 @@ def _make_room(paths: WorkerPaths, max_workers: int) -> list[int]:
 
 def _find_or_start(paths: WorkerPaths, spec: str, loader: str, loader_args: dict[str, Any], *,
                    idle_timeout: float, start_timeout: float, max_workers: int,
-                   env: dict[str, str] | None, python: str | None) -> _Connection:
+                   env: dict[str, str] | None, python: str | None,
+                   device_wait: float | None = None) -> _Connection:
     with FileLock(paths.start_lock):
         conn = connect(paths)
         if conn is not None:
@@ -204,12 +218,28 @@ def _find_or_start(paths: WorkerPaths, spec: str, loader: str, loader_args: dict
                 conn.close()
         _make_room(paths, max_workers)
         _spawn(paths, loader, loader_args, idle_timeout=idle_timeout, start_timeout=start_timeout,
-               slots=max_workers, env=env, python=python)
+               slots=max_workers, env=env, python=python, device_wait=device_wait)
         conn = connect(paths)
         if conn is None:
             raise WorkerStartError(f"started a worker for {paths.key} but cannot connect to "
                                    f"{paths.sock}; last lines of {paths.log}:\n{log_tail(paths.log)}")
         return conn
+
+
+def _kill_unresponsive(paths: WorkerPaths, pid: int | None) -> None:
+    """SIGKILL a worker that let a call run past its deadline without answering (its
+    watchdog is stuck too), then clean up after it."""
+    import signal
+
+    if pid is not None and is_worker_process(pid, paths.key):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        end = time.monotonic() + 10.0
+        while pid_alive(pid) and time.monotonic() < end:
+            time.sleep(0.05)
+    _cleanup_after_crash(paths, pid)
 
 
 def _cleanup_after_crash(paths: WorkerPaths, pid: int | None) -> None:
@@ -260,7 +290,8 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
                   *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
                   start_timeout: float = DEFAULT_START_TIMEOUT, label: str | None = None,
                   max_workers: int = 1, env: dict[str, str] | None = None,
-                  python: str | None = None) -> Any:
+                  python: str | None = None, call_timeout: float | None = None,
+                  device_wait: float | None = None) -> Any:
     """Run ``target(state, **kwargs)`` in this node's worker for ``key`` and return its
     (JSON) result. ``state`` is ``loader(**loader_args)``, loaded once per worker.
 
@@ -270,14 +301,27 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
     WorkerCallError (a CellError) if the target raised, WorkerLoadError (a ModelError) if
     loading failed, WorkerCrashed if the worker died during the call, WorkerStartError if it
     could not be started. ``label`` names the call in events and errors (e.g. the cell id);
-    ``env`` is the environment for a newly started worker (default: this process's)."""
+    ``env`` is the environment for a newly started worker (default: this process's).
+
+    ``call_timeout``: the call's deadline in seconds. The worker's watchdog answers a call
+    that runs past it with an error and exits (a stuck kernel or a deadlock cannot be
+    interrupted in place); should the worker not answer even then, the client kills it
+    :data:`WATCHDOG_GRACE_S` later. ``device_wait``: how long a newly started worker may wait
+    for the device before it fails, naming the holder (default: no limit)."""
     paths = WorkerPaths(state_dir, key)
     paths.ensure_dir()
     if not isinstance(loader_args, dict):
         raise TypeError("loader_args must be a dict")
     spec = spec_hash(loader, loader_args)
-    frame = encode_message({"op": "call", "target": target, "kwargs": kwargs or {}, "label": label})
+    request = {"op": "call", "target": target, "kwargs": kwargs or {}, "label": label}
+    if os.environ.get(RUN_ENV):
+        request["run"] = os.environ[RUN_ENV]     # which run uses the worker (end-of-run cleanup)
+    if call_timeout is not None:
+        request["timeout_s"] = float(call_timeout)
+    frame = encode_message(request)
+    wait = None if call_timeout is None else float(call_timeout) + WATCHDOG_GRACE_S
     what = label or target
+    stale_pid = None
     for attempt in range(MAX_ATTEMPTS):
         conn = connect(paths)
         if conn is not None and (conn.hello.get("spec") != spec or conn.hello.get("draining")):
@@ -286,10 +330,19 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
         if conn is None:
             conn = _find_or_start(paths, spec, loader, loader_args, idle_timeout=idle_timeout,
                                   start_timeout=start_timeout, max_workers=max_workers,
-                                  env=env, python=python)
+                                  env=env, python=python, device_wait=device_wait)
         pid = conn.pid
         try:
-            reply = conn.request(frame)
+            reply = conn.request(frame, timeout=wait)
+        except socket.timeout:
+            conn.close()
+            _kill_unresponsive(paths, pid)
+            raise WorkerCallError(
+                f"{what}: no answer within {call_timeout:.0f} s (the call's deadline) plus "
+                f"{WATCHDOG_GRACE_S:.0f} s: the worker for {key} (pid {pid}) was killed; "
+                f"rerunning starts a fresh one. Last lines of {paths.log}:\n{log_tail(paths.log)}",
+                key=key, pid=pid, target=target, label=label, error_type="CallTimeout",
+                remote_message="no answer", remote_traceback="", fatal=True) from None
         except ProtocolError as exc:
             if not isinstance(exc, ConnectionClosed):
                 raise WorkerError(f"the worker for {key} (pid {pid}) sent a malformed reply to "
@@ -312,12 +365,29 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
             continue
         if reply.get("ok"):
             return reply.get("result")
-        raise _remote_error(reply, paths, pid, target, label)
+        if reply.get("stale") and stale_pid is None and pid is not None:
+            # The worker found it holds stale code or data for this call and is exiting:
+            # retry once, on a fresh worker (after the stale one is gone).
+            stale_pid = pid
+            end = time.monotonic() + 60.0
+            while pid_alive(pid) and time.monotonic() < end:
+                time.sleep(0.05)
+            continue
+        err = _remote_error(reply, paths, pid, target, label)
+        if reply.get("stale"):
+            err.args = (f"{err.args[0]}\n(a fresh worker, pid {pid}, found the same mismatch after "
+                        f"the stale one, pid {stale_pid}, exited: the code, config, rules or task "
+                        "files changed after the workflow planned this job; run the workflow again)",)
+        raise err
     raise WorkerError(f"gave up running {what} after {MAX_ATTEMPTS} attempts: the worker for "
                       f"{key} kept shutting down (another client is taking the device?)")
 
 
 # ---- managing workers ---------------------------------------------------------------------
+
+def _same_dir(holder: dict[str, Any], state_dir: str | os.PathLike) -> bool:
+    return holder.get("state_dir") == str(Path(state_dir).absolute())
+
 
 def worker_status(state_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """The workers registered in ``state_dir`` (pid files) with their live status, plus any
@@ -338,9 +408,10 @@ def worker_status(state_dir: str | os.PathLike) -> list[dict[str, Any]]:
                 row["phase"] = "not answering (draining or starting)"
         out.append(row)
         seen.add(info["pid"])
-    for lock in sorted(Path(state_dir).glob("device*.lock")):
+    for lock in device_locks():
         holder = read_holder(lock)
-        if holder and holder.get("pid") not in seen and lock_is_held(lock) \
+        if holder and holder.get("pid") not in seen and _same_dir(holder, state_dir) \
+                and lock_is_held(lock) \
                 and is_worker_process(holder["pid"], holder.get("key")):
             out.append({"key": holder.get("key"), "pid": holder["pid"], "alive": True,
                         "phase": f"holding {lock.name} (draining)"})
@@ -375,9 +446,11 @@ def stop_workers(state_dir: str | os.PathLike, key: str | None = None, timeout: 
             except ProcessLookupError:
                 pass
     if key is None:               # also wait for draining workers still holding the device
-        for lock in Path(state_dir).glob("device*.lock"):
+        for lock in device_locks():
             holder = read_holder(lock)
-            if holder and holder.get("pid") not in targets and lock_is_held(lock) \
+            # a device holder of another run (another state folder) is not ours to stop
+            if holder and holder.get("pid") not in targets and _same_dir(holder, state_dir) \
+                    and lock_is_held(lock) \
                     and is_worker_process(holder["pid"], holder.get("key")):
                 targets[holder["pid"]] = {"key": holder.get("key"), "pid": holder["pid"],
                                           "outcome": None}
@@ -426,3 +499,47 @@ def own_allocation_workers(state_root: str | os.PathLike) -> bool:
     # atomically; the cell reruns next time)
     atexit.register(stop_workers, node_state_dir(state_root), None, 10.0)
     return True
+# ---- runs sharing workers -------------------------------------------------------------------
+#
+# A run (one Snakemake invocation) holds a lease, an flock on <state_dir>/runs/<run id>.lock,
+# for as long as its main process lives; its jobs tell the worker their run id (RUN_ENV). At
+# the end of a run, a worker that a run still holding its lease has called is left alone
+# (it serves that run and exits after its idle timeout); the others are stopped.
+
+def run_lease_path(state_dir: str | os.PathLike, run_id: str) -> Path:
+    from .state import check_key
+
+    return Path(state_dir) / "runs" / f"{check_key(run_id)}.lock"
+
+
+def hold_run_lease(state_dir: str | os.PathLike, run_id: str) -> FileLock:
+    """Take this run's lease (keep the returned lock alive for the run's lifetime)."""
+    from .state import private_dir
+
+    private_dir(state_dir)
+    private_dir(Path(state_dir) / "runs")
+    lock = FileLock(run_lease_path(state_dir, run_id))
+    lock.acquire()
+    return lock
+
+
+def stop_run_workers(state_dir: str | os.PathLike, run_id: str,
+                     timeout: float = 60.0) -> list[dict[str, Any]]:
+    """End of run ``run_id``: stop the workers of ``state_dir`` that no other live run has
+    called; those are reported with outcome ``"kept for run <id>"``."""
+    rows, to_stop = [], []
+    for row in worker_status(state_dir):
+        if not row.get("alive") or "runs" not in row:
+            to_stop.append(row)
+            continue
+        others = [r for r in row["runs"] if r != run_id
+                  and lock_is_held(run_lease_path(state_dir, r))]
+        if others:
+            rows.append({"key": row.get("key"), "pid": row.get("pid"),
+                         "outcome": f"kept for run {others[0]}"})
+        else:
+            to_stop.append(row)
+    stopped_keys = {r.get("key") for r in to_stop if r.get("key")}
+    for k in sorted(stopped_keys):
+        rows += stop_workers(state_dir, key=k, timeout=timeout)
+    return rows

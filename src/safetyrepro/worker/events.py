@@ -24,14 +24,14 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client s
 if TYPE_CHECKING:
     from typing import Any
 
-from .state import EVENTS_FILE, WORKERS_SUBDIR
+from .state import EVENTS_FILE, WORKERS_SUBDIR, open_private
 
 
 def append_event(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Append one JSON line with a single O_APPEND write (lines from concurrent workers do
     not interleave)."""
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)   # 0600, no link followed
     try:
         os.write(fd, line)
     finally:

@@ -31,6 +31,18 @@ MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
 
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(pid, uid, gid) of the process at the other end of a connected Unix socket (for a
+    listening peer: as of its ``listen()``), from SO_PEERCRED; None where the platform has no
+    SO_PEERCRED (there only the socket's 0600 mode and its 0700 folder keep others out)."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    raw = sock.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
 class ProtocolError(Exception):
     """A malformed frame or message (not a SafetyReproError: a bug or a foreign peer)."""
 

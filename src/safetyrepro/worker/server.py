@@ -38,10 +38,11 @@ from typing import Any, Callable
 
 from ..errors import SafetyReproError
 from .events import append_event
-from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message,
+from .errors import WorkerError
+from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message, peer_credentials,
                        recv_message, send_frame, send_message)
-from .state import (FileLock, WorkerPaths, allocation_id, hostname, owner_alive, read_holder,
-                    remove_if_owned, spec_hash, write_json_atomic)
+from .state import (FileLock, WorkerPaths, allocation_id, hostname, open_private, owner_alive,
+                    read_holder, remove_if_owned, spec_hash, write_json_atomic)
 
 log = logging.getLogger("safetyrepro.worker")
 
@@ -53,6 +54,38 @@ DEVICE_POLL_S = 0.1
 DEVICE_LOG_EVERY_S = 30.0
 OWNER_POLL_S = 0.5
 OWNER_GRACE_S = 2.0
+WATCHDOG_POLL_S = 0.2
+
+
+def _describe_holder(path) -> str:
+    h = read_holder(path) or {}
+    if not h:
+        return f"an unknown process ({path})"
+    since = time.strftime("%H:%M:%S", time.localtime(h["t"])) if isinstance(h.get("t"), (int, float)) else "?"
+    return (f"worker pid {h.get('pid')} for {h.get('key')} (state folder {h.get('state_dir', '?')}, "
+            f"since {since}; lock {path})")
+
+
+# What a worker may be asked to run: its loader (from its command line) and the cell call
+# (from a client over the socket). Nothing else is importable through the socket: a frame
+# naming another ``module:function`` is refused. Tests add their own target modules through
+# TEST_TARGETS_ENV (a comma-separated list of module names), set only in the environment of
+# the workers they start.
+ALLOWED_LOADERS = frozenset({"safetyrepro.cells:load_for_worker"})
+ALLOWED_TARGETS = frozenset({"safetyrepro.cells:run_cell_in_worker"})
+TEST_TARGETS_ENV = "SAFETYREPRO_WORKER_TEST_TARGETS"
+
+
+def test_target_modules() -> frozenset[str]:
+    raw = os.environ.get(TEST_TARGETS_ENV, "")
+    return frozenset(m.strip() for m in raw.split(",") if m.strip())
+
+
+def is_allowed(spec: str, allowed: frozenset[str], test_modules: frozenset[str]) -> bool:
+    """Whether ``module:function`` is one of ``allowed``, or a function of a test module."""
+    module, sep, attr = str(spec).partition(":")
+    return spec in allowed or (bool(sep) and module in test_modules and "." not in attr
+                               and not attr.startswith("_"))
 
 
 def resolve_callable(spec: str) -> Callable[..., Any]:
@@ -93,7 +126,9 @@ def error_reply(exc: BaseException, phase: str, *, fatal: bool = False, retry: b
             "safetyrepro_error": isinstance(exc, SafetyReproError),
             "message": message if message is not None else str(exc),
             "traceback": _format_remote(exc),
-            "fatal": fatal, "retry": retry}
+            "fatal": fatal, "retry": retry,
+            # the worker's loaded code/data is stale for this call (it exits; a fresh one retries)
+            "stale": bool(getattr(exc, "worker_stale", False))}
 
 
 def _retry_reply(reason: str) -> dict[str, Any]:
@@ -140,7 +175,7 @@ class Worker:
 
     def __init__(self, paths: WorkerPaths, key_lock: FileLock, loader: str,
                  loader_args: dict[str, Any], idle_timeout: float, slots: int = 1,
-                 owner: str | None = None):
+                 owner: str | None = None, device_wait: float | None = None):
         if not isinstance(loader_args, dict):
             raise ValueError(f"loader args must be a JSON object, got {type(loader_args).__name__}")
         if idle_timeout <= 0:
@@ -157,6 +192,14 @@ class Worker:
             raise ValueError(f"owner process {owner} is not running")
         self.owner = owner
         self.allocation = allocation_id()
+        if device_wait is not None and device_wait <= 0:
+            raise ValueError(f"device wait must be positive, got {device_wait}")
+        self.device_wait = device_wait
+        self._deadline: float | None = None   # monotonic deadline of the current call
+        self.test_modules = test_target_modules()
+        if not is_allowed(loader, ALLOWED_LOADERS, self.test_modules):
+            raise ValueError(f"loader {loader!r} is not a worker loader (allowed: "
+                             f"{sorted(ALLOWED_LOADERS)})")
         self.spec = spec_hash(loader, loader_args)
         self.pid = os.getpid()
         self.host = hostname()
@@ -177,6 +220,8 @@ class Worker:
         self._started = time.time()
         self._last_activity = time.monotonic()
         self._listener: socket.socket | None = None
+        self._device_timeout: str | None = None
+        self._runs: dict[str, float] = {}   # run id -> when its last call came (see RUN_ENV)
         self._acceptor: threading.Thread | None = None
 
     # ---- bookkeeping ------------------------------------------------------------------
@@ -187,7 +232,7 @@ class Worker:
             rec["allocation"] = self.allocation
         try:
             append_event(self.paths.events, rec)
-        except OSError as exc:
+        except (OSError, WorkerError) as exc:
             log.warning("cannot append to %s: %s", self.paths.events, exc)
 
     def _hello(self) -> dict[str, Any]:
@@ -203,6 +248,7 @@ class Worker:
         with self._cond:
             st.update({"loader": self.loader, "drain_reason": self._drain_reason,
                        "n_calls": self._n_calls, "uptime_s": round(time.time() - self._started, 3),
+                       "runs": dict(self._runs),
                        "load_seconds": self._load_seconds, "device_slot": self._device_slot,
                        "current": (self._current.label or self._current.target)
                        if self._current else None,
@@ -275,6 +321,14 @@ class Worker:
     def _handle(self, conn: socket.socket) -> None:
         handed_off = False
         try:
+            creds = peer_credentials(conn)
+            if creds is not None and creds[1] != os.getuid():
+                # Another user reached the socket (a loosened mode, a shared folder): say
+                # nothing, not even the hello.
+                log.warning("refused a connection from pid %d, uid %d (this worker serves "
+                            "uid %d only)", creds[0], creds[1], os.getuid())
+                self._event("refused", peer_pid=creds[0], peer_uid=creds[1])
+                return
             conn.settimeout(REQUEST_READ_TIMEOUT)
             send_message(conn, self._hello())
             req = recv_message(conn)
@@ -291,6 +345,15 @@ class Worker:
                                         "message": "call needs 'target' (str) and 'kwargs' (object)",
                                         "traceback": ""})
                     return
+                if not is_allowed(req["target"], ALLOWED_TARGETS, self.test_modules):
+                    log.warning("refused a call of %r: not one of this worker's calls", req["target"])
+                    self._event("refused", target=str(req["target"])[:200])
+                    send_message(conn, {"ok": False, "phase": "call", "error_type": "TargetNotAllowed",
+                                        "safetyrepro_error": False, "fatal": False, "retry": False,
+                                        "message": f"{req['target']!r} is not one of this worker's "
+                                                   f"calls (allowed: {sorted(ALLOWED_TARGETS)})",
+                                        "traceback": ""})
+                    return
                 reply = None
                 with self._cond:
                     if self._load_error is not None:
@@ -298,6 +361,8 @@ class Worker:
                     elif self._draining:
                         reply = _retry_reply(self._drain_reason or "draining")
                     else:
+                        if isinstance(req.get("run"), str):
+                            self._runs[req["run"][:200]] = time.time()
                         conn.settimeout(None)
                         self._queue.append(_Job(conn, req))
                         handed_off = True
@@ -360,7 +425,7 @@ class Worker:
             for slot, lock in enumerate(locks):
                 if lock.acquire(timeout=0):
                     lock.write_holder({"pid": self.pid, "key": self.key, "host": self.host,
-                                       "t": time.time()})
+                                       "t": time.time(), "state_dir": str(self.paths.state_dir)})
                     self._device_lock, self._device_slot = lock, slot
                     waited = time.monotonic() - t0
                     if waited > 1:
@@ -376,6 +441,15 @@ class Worker:
                              self._drain_reason, len(self._queue))
                     return False
             now = time.monotonic()
+            if self.device_wait is not None and now - t0 >= self.device_wait:
+                holders = "; ".join(_describe_holder(lk.path) for lk in locks)
+                message = (f"waited {now - t0:.0f} s (runtime.device_wait_s) for the device to load "
+                           f"{self.key}; it is held by {holders}. Stop that worker (`safetyrepro "
+                           "worker stop`, with its state folder) or wait for it to finish, then rerun")
+                log.error(message)
+                self._event("device_timeout", waited_s=round(now - t0, 3))
+                self._device_timeout = message
+                return False
             if now - last_log >= DEVICE_LOG_EVERY_S:
                 holders = [read_holder(lk.path) for lk in locks]
                 log.info("waiting %.0f s for the device, held by %s", now - t0, holders)
@@ -417,6 +491,62 @@ class Worker:
             self._last_activity = time.monotonic()
         return True
 
+    def _fail_with(self, message: str, error_type: str) -> None:
+        """Answer every waiting and later client with a load-phase error, as after a failed
+        load (the worker then exits)."""
+        reply = {"ok": False, "phase": "load", "error_type": error_type, "safetyrepro_error": True,
+                 "message": message, "traceback": "", "fatal": True, "retry": False}
+        with self._cond:
+            self._load_error = reply
+            self._phase = "failed"
+            self._start_drain_locked(error_type)
+            waiting = list(self._queue)
+            self._queue.clear()
+        for job in waiting:
+            self._send_and_close(job, encode_message(reply))
+
+    # ---- watchdog ---------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        """Ends the process when a call runs past its deadline (``timeout_s`` of the request):
+        a hung kernel or a deadlock cannot be interrupted from Python, so the call is
+        answered with the error here, queued calls are answered "retry", and the process
+        exits (its device lock with it)."""
+        while True:
+            time.sleep(WATCHDOG_POLL_S)
+            job, deadline = self._current, self._deadline
+            if job is None or deadline is None or time.monotonic() < deadline:
+                continue
+            secs = float(job.request.get("timeout_s") or 0)
+            what = job.label or job.target
+            message = (f"{what} ran past its deadline of {secs:g} s (runtime.cell_timeout_s) in the "
+                       f"worker for {self.key} (pid {self.pid}), which exits: a stuck call (a hung "
+                       "kernel, a deadlock) cannot be interrupted in place. Rerunning starts a "
+                       "fresh worker; raise runtime.cell_timeout_s if the cell is merely slow")
+            log.error(message)
+            self._event("timeout", target=job.target, label=job.label, timeout_s=secs)
+            self._send_and_close(job, encode_message({
+                "ok": False, "phase": "call", "error_type": "CellTimeout", "safetyrepro_error": True,
+                "message": message, "traceback": "", "fatal": True, "retry": False}))
+            got = self._cond.acquire(timeout=2.0)
+            try:
+                self._draining = True
+                waiting = list(self._queue)
+                self._queue.clear()
+            finally:
+                if got:
+                    self._cond.release()
+            for other in waiting:
+                self._send_and_close(other, encode_message(_retry_reply("call timeout")))
+            try:
+                os.unlink(self.paths.sock)
+            except OSError:
+                pass
+            remove_if_owned(self.paths.pid, self.pid)
+            self._event("exit", reason=f"call timeout ({what})", code=EXIT_FAILED,
+                        n_calls=self._n_calls, uptime_s=round(time.time() - self._started, 3))
+            sys.stderr.flush()
+            os._exit(EXIT_FAILED)
+
     def _send_and_close(self, job: _Job, frame: bytes) -> None:
         try:
             send_frame(job.conn, frame)
@@ -437,6 +567,9 @@ class Worker:
         log.info("call %s (%s)", job.target, what)
         fatal: BaseException | None = None
         error_type = None
+        timeout = job.request.get("timeout_s")
+        self._deadline = (time.monotonic() + float(timeout)
+                          if isinstance(timeout, (int, float)) and timeout > 0 else None)
         try:
             fn = resolve_callable(job.target)
             result = fn(self._state, **(job.request.get("kwargs") or {}))
@@ -457,6 +590,7 @@ class Worker:
             log.error("call %s (%s) interrupted by %s: worker will exit", job.target, what, error_type)
             frame = encode_message(error_reply(exc, "call", fatal=True,
                                                message=f"worker interrupted by {error_type}"))
+        self._deadline = None
         seconds = time.time() - t_start
         # Event first: whoever reads the events after getting the reply sees this call.
         self._event("call", target=job.target, label=job.label, t_start=t_start,
@@ -530,10 +664,15 @@ class Worker:
         self._acceptor.start()
         if self.owner is not None:
             threading.Thread(target=self._watch_owner, name="owner", daemon=True).start()
+        threading.Thread(target=self._watchdog, name="watchdog", daemon=True).start()
         code, reason = EXIT_OK, "exit"
         try:
             if not self._acquire_device():
-                reason = self._drain_reason or "stopped"
+                if self._device_timeout is not None:
+                    code, reason = EXIT_FAILED, "device wait timed out"
+                    self._fail_with(self._device_timeout, "DeviceBusy")
+                else:
+                    reason = self._drain_reason or "stopped"
             elif not self._load():
                 code, reason = EXIT_FAILED, "load failed"
             else:
@@ -561,7 +700,7 @@ def _setup_logging() -> None:
 
 def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict[str, Any],
           idle_timeout: float, slots: int = 1, detach: bool = False,
-          owner: str | None = None) -> int:
+          owner: str | None = None, device_wait: float | None = None) -> int:
     """Run a worker for ``key``; returns the exit status.
 
     With ``detach`` the calling process forks: the child (in a new session) becomes the
@@ -570,11 +709,16 @@ def serve(state_dir: str | os.PathLike, key: str, loader: str, loader_args: dict
     _setup_logging()
     paths = WorkerPaths(state_dir, key)
     paths.ensure_dir()
+    for slot in range(max(int(slots), 1)):
+        # Open (create) the device lock files now, so that a planted link or foreign file
+        # fails the start with its name rather than a worker that has already said "ready".
+        os.close(open_private(paths.device_lock(slot), os.O_RDWR | os.O_CREAT))
     key_lock = FileLock(paths.key_lock)
     if not key_lock.acquire(timeout=2.0):
         log.error("a worker for %s is already running: %s", key, read_holder(paths.key_lock))
         return EXIT_ALREADY_RUNNING
-    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots, owner)  # validates
+    worker = Worker(paths, key_lock, loader, loader_args, idle_timeout, slots, owner,  # validates
+                    device_wait=device_wait)
     ready_fd: int | None = None
     if detach:
         r, w = os.pipe()

@@ -11,15 +11,19 @@ resource key K::
 and, shared by all keys::
 
     start.lock    flock serializing "find or start a worker" among clients on this node
-    device.lock   flock held by a worker while its state (model) is loaded; with N slots,
-                  device.lock, device.1.lock, ... device.<N-1>.lock
     events.jsonl  load/call/exit events (see :mod:`safetyrepro.worker.events`)
+
+and, per node and device, shared by every run of this user on the node (any results folder):
+``/tmp/safetyrepro-<uid>/devices/device-<dev>.lock`` (:func:`device_lock_dir`), the flock
+held by a worker while its state (model) is loaded; with N slots, ``device-<dev>.lock``,
+``device-<dev>.1.lock``, ... The lock holder records its pid, key and state folder in it.
 
 Standard library only (imported by every cell client).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -27,6 +31,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 from pathlib import Path
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
@@ -98,9 +103,10 @@ def make_key(*parts: str) -> str:
 
 def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
     """A cheap fingerprint of the installed ``safetyrepro`` sources (path, size and mtime of
-    every .py file and every data file next to them: task YAMLs, JSON). A worker started
-    before the code or a task file changed is replaced, so a shard is never computed by stale
-    code or an old task file under a new code version."""
+    every .py file and of the package's data files: task .yaml, .json). A worker started
+    before the code changed is replaced, so a shard is never computed by stale code under a
+    new code version (the cell fingerprint check in :func:`safetyrepro.cells.run_cell` is
+    the end-to-end guarantee)."""
     root = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     stack = [root]
@@ -146,10 +152,40 @@ class WorkerPaths:
         self.sock = socket_path(d, key)
 
     def device_lock(self, slot: int) -> Path:
-        return self.state_dir / ("device.lock" if slot == 0 else f"device.{slot}.lock")
+        """The node-wide lock of a device slot (:func:`device_lock_dir`), shared by the
+        workers of every run on this node, whatever their results folder."""
+        name = device_id()
+        return device_lock_dir() / (f"device-{name}.lock" if slot == 0 else f"device-{name}.{slot}.lock")
 
     def ensure_dir(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.state_dir)
+
+
+DEVICE_DIR_ENV = "SAFETYREPRO_DEVICE_LOCK_DIR"
+
+
+def device_id() -> str:
+    """The device a worker loads its model on, as a file-name part: the first entry of
+    CUDA_VISIBLE_DEVICES (the device "cuda" means; an index or a GPU UUID, as Slurm and
+    container runtimes set it), else "0". On a CPU-only node every worker shares "0", so
+    runs on one node never hold two models at once there either."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return re.sub(r"[^A-Za-z0-9._-]", "_", visible) or "0"
+
+
+def device_lock_dir() -> Path:
+    """The per-node, per-user folder of device locks: ``$SAFETYREPRO_DEVICE_LOCK_DIR`` if set,
+    else ``/tmp/safetyrepro-<uid>/devices`` (on the node's own /tmp, whatever TMPDIR says,
+    so two runs with different results folders or TMPDIRs find the same lock)."""
+    root = os.environ.get(DEVICE_DIR_ENV)
+    if root:
+        return private_dir(root)
+    return private_dir(short_socket_dir() / "devices")
+
+
+def device_locks() -> list[Path]:
+    """Every device lock file of this node's lock folder."""
+    return sorted(device_lock_dir().glob("device-*.lock"))
 
 
 def socket_path(state_dir: Path, key: str) -> Path:
@@ -169,24 +205,84 @@ SHORT_SOCKET_PARENT = "/tmp"
 
 
 def short_socket_dir() -> Path:
-    """``/tmp/safetyrepro-<uid>``, created 0700; refused (WorkerError naming the path and its
-    owner) if it is a symlink, not a directory, owned by another user or open to others."""
-    import stat
+    """``/tmp/safetyrepro-<uid>`` (the socket folder when a state folder's path is too long for
+    AF_UNIX, and the parent of the device locks), created 0700. A predictable name in a
+    shared folder, so it is checked by :func:`private_dir` without repairing its mode: a
+    symlink, a non-folder, a folder of another user or one open to others is refused."""
+    return private_dir(Path(SHORT_SOCKET_PARENT) / f"safetyrepro-{os.getuid()}",
+                       what="short socket folder", repair_mode=False)
 
-    uid = os.getuid()
-    d = Path(SHORT_SOCKET_PARENT) / f"safetyrepro-{uid}"
+
+# ---- private files and folders ------------------------------------------------------------
+#
+# Whoever can connect to a worker's socket can ask it to run a cell (and read its files);
+# whoever can write into its state folder can plant a link where a lock, log or pid file is
+# opened. So the state folder (and the short socket folder under /tmp, a predictable name)
+# must be a real folder owned by this user with mode 0700, and every file in it is opened
+# without following symbolic links and created 0600.
+
+def _owner(uid: int) -> str:
     try:
-        d.mkdir(mode=0o700)
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def private_dir(path: str | os.PathLike, *, what: str = "worker state folder",
+                repair_mode: bool = True) -> Path:
+    """Create ``path`` (parents as needed) or check the existing one: a real folder (not a
+    symbolic link) owned by this user. A mode other than 0700 is set to 0700
+    (``repair_mode``), or refused (a folder under a shared parent such as /tmp, which someone
+    could have used while it was open). WorkerError naming the path and its owner otherwise.
+    The one check of every private folder (state folders, socket and device-lock folders)."""
+    d = Path(path)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(d, 0o700)
     except FileExistsError:
         pass
     st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
-        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else (
-            "not a directory" if not stat.S_ISDIR(st.st_mode) else f"mode {st.st_mode & 0o777:o}")
-        raise WorkerError(f"{d}: refusing to use it for worker sockets: {kind}, owner uid "
-                          f"{st.st_uid} (expected a directory of uid {uid} with mode 700); "
-                          "remove it or set a shorter results_dir")
+    fix = f"remove it, or set {STATE_DIR_ENV} to a folder of your own"
+    if stat.S_ISLNK(st.st_mode):
+        raise WorkerError(f"{what} {d} is a symbolic link (to {os.readlink(d)}), owned by "
+                          f"{_owner(st.st_uid)}; refusing to use it: {fix}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise WorkerError(f"{what} {d} exists and is not a folder; refusing to use it: remove it")
+    if st.st_uid != os.getuid():
+        raise WorkerError(f"{what} {d} is owned by {_owner(st.st_uid)}, not by "
+                          f"{_owner(os.getuid())}; refusing to use it (someone else could plant "
+                          f"files or links there): {fix}")
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        if not repair_mode:
+            raise WorkerError(f"{what} {d} has mode {stat.S_IMODE(st.st_mode):o} (expected 700: "
+                              "others could have planted files or links there); refusing to use "
+                              "it: remove it")
+        os.chmod(d, 0o700)
     return d
+
+
+def open_private(path: str | os.PathLike, flags: int) -> int:
+    """``os.open`` a file of a state folder: never through a symbolic link, created 0600,
+    and refused unless it is a regular file owned by this user (made 0600 if it was not)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise WorkerError(f"{path} is a symbolic link; refusing to open it (remove it)") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise WorkerError(f"{path} is not a regular file owned by {_owner(os.getuid())} "
+                              f"(owner: {_owner(st.st_uid)}); refusing to use it")
+        if stat.S_IMODE(st.st_mode) & 0o077:
+            os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 # ---- locks ------------------------------------------------------------------------------
@@ -208,7 +304,7 @@ class FileLock:
         (``0`` = one try). Returns whether the lock is held."""
         if self._fd is not None:
             return True
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_private(self.path, os.O_RDWR | os.O_CREAT)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
@@ -364,8 +460,14 @@ def owner_alive(owner: str) -> bool:
 
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    """Write a private (0600) JSON file by rename; a link planted at ``path`` is replaced,
+    not followed."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, sort_keys=True), encoding="utf-8")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(obj, sort_keys=True))
     os.replace(tmp, path)
 
 
