@@ -72,9 +72,10 @@ def planned(project: Path, config: Path, *args: str) -> tuple[dict[str, int], se
     text = r.stdout + r.stderr
     counts: dict[str, int] = {}
     outputs: set[str] = set()
-    for m in re.finditer(r"^rule ([\w.-]+):\n((?:    .*\n)+)", text, flags=re.M):
-        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
-        for line in m.group(2).splitlines():
+    # a job inside a group job (the cell rule's per-model groups) is printed indented
+    for m in re.finditer(r"^([ ]*)rule ([\w.-]+):\n((?:\1    .*\n)+)", text, flags=re.M):
+        counts[m.group(2)] = counts.get(m.group(2), 0) + 1
+        for line in m.group(3).splitlines():
             line = line.strip()
             if line.startswith("output:"):
                 for p in line[len("output:"):].split(","):

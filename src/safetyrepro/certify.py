@@ -63,7 +63,9 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
         if path.suffix.lower() in {".parquet", ".pq"}:
             df = pd.read_parquet(path)
         else:
-            df = pd.read_csv(path, encoding="utf-8-sig")
+            # round_trip: the default C parser can be off in the last bit (0.59999999999999998
+            # read as 0.5999999999999999), which would break exact k/q recovery
+            df = pd.read_csv(path, encoding="utf-8-sig", float_precision="round_trip")
     except Exception as exc:
         raise DataError(path, f"cannot read as {'Parquet' if path.suffix.lower() in {'.parquet', '.pq'} else 'CSV'}: {exc}") from exc
     need = list(REQUIRED) + (list(config_cols) if config_cols else ["config"])
