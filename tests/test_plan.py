@@ -93,3 +93,20 @@ def test_cell_code_group_covers_what_changes_outputs_only():
     assert not any(f.startswith(("parsing/", "tasks/", "analysis/", "metrics/")) for f in files)
     # the shard layout enters through its value, not the module's text
     assert len(layout_hash()) == 64
+
+
+def test_config_ids_are_looked_up_in_the_plans_table(tmp_path):
+    """One place turns a config id (a wildcard, a shard folder) into a Config: the plan's
+    table of the rules' configs; the jobs' Configs are the ones it returns, and an id that
+    is no combination of the rules' levels is an error naming it and the rules file."""
+    plan = _plan(tmp_path, {"a": "nf4"})
+    for v in SHARD_ROOTS:
+        assert all(plan.config(j.config.id) == j.config for j in plan.jobs(v))
+    assert plan.config("T2-t0.3-k5-freeform").levels() == {
+        "template": "T2", "decoding": "t0.3", "shots": "k5", "scoring": "freeform"}
+    for bad in ("T1-greedy-k0", "T9-greedy-k0-freeform", "T1-greedy-k0-freeform-x"):
+        with pytest.raises(ValueError, match="template-decoding-shots-scoring") as err:
+            plan.config(bad)
+        assert repr(bad) in str(err.value) and "envelope.yaml" in str(err.value)
+        with pytest.raises(ValueError):
+            plan.cell_fingerprint("a", "bbq", bad, 0)

@@ -207,7 +207,8 @@ def run_cell_in_worker(worker: CellWorker, **kwargs) -> dict:
 # ---- the cell -------------------------------------------------------------------------------
 def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, seed: int, variant: str,
                  quantization: str | None) -> tuple[CellSpec, Config]:
-    """The cell's spec and parsed config id, checked against the plan and the rules."""
+    """The cell's spec and its config (the plan's :class:`Config` of the id ``cell``), checked
+    against the plan and the rules."""
     from .plan import SHARD_ROOTS
 
     name = f"{model}/{benchmark}/{cell}/s{seed}"
@@ -219,7 +220,7 @@ def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, se
                         f"variant {variant!r} of {model} as {quant!r}")
     spec = CellSpec(model, benchmark, cell, int(seed), variant, quant)
     try:
-        c = Config.parse(cell)
+        c = plan.config(cell)
     except ValueError as exc:
         raise CellError(f"cell {spec.id}: {exc}") from exc
     violations = cfg.rules.violations(benchmark, c.levels())

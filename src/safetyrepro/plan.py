@@ -19,6 +19,7 @@ logic. Fingerprints are content hashes of exactly what can change a job's output
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,27 @@ class Plan:
     def jobs(self, variant: str = "main") -> list[grid.Job]:
         return grid.config_jobs(self.cfg, self.envelope(variant))
 
+    # ---- configs: ids (wildcards, shard folders) -> the plan's Config objects -------------
+    @functools.cached_property
+    def _config_index(self) -> dict[str, grid.Config]:
+        return grid.config_index(self.cfg.rules)
+
+    def config(self, config_id: str) -> grid.Config:
+        """The :class:`~.grid.Config` of ``config_id`` (a cell wildcard, a shard folder name):
+        looked up in the plan's table of the rules' configs, the one place an id becomes a
+        Config; every method taking a config id goes through here. ValueError for an id
+        that is not template-decoding-shots-scoring of the rules' levels."""
+        try:
+            return self._config_index[config_id]
+        except KeyError:
+            raise ValueError(f"config id {config_id!r} is not template-decoding-shots-scoring of the "
+                             f"levels of the rules {self.cfg.rules.path}") from None
+
+    @functools.lru_cache(maxsize=None)
+    def configs(self, benchmark: str, variant: str = "main") -> frozenset[grid.Config]:
+        """The configs of ``benchmark`` in the variant's envelope."""
+        return frozenset(grid.configs(self.cfg.rules, benchmark, self.envelope(variant)))
+
     @functools.lru_cache(maxsize=None)
     def decode_group(self, benchmark: str, config_id: str, variant: str = "main") -> tuple[tuple[str, int], ...]:
         """The decodings a free-form cell is computed together with, as (decoding id, seeds):
@@ -94,13 +116,13 @@ class Plan:
         sequences in one batch (the first of their jobs computes them; the others are handed
         out as their jobs come). A cell outside the envelope, and a logprob cell, is its own
         group."""
-        c = grid.Config.parse(config_id)
+        c = self.config(config_id)
         alone = ((c.decoding, self.cfg.n_seeds(c.decoding)),)
         if c.scoring != "freeform":
             return alone
-        valid = {x.id for x in grid.configs(self.cfg.rules, benchmark, self.envelope(variant))}
+        valid = self.configs(benchmark, variant)
         group = [lv["id"] for lv in self.cfg.rules.levels("decoding")
-                 if grid.Config(c.template, lv["id"], c.shots, c.scoring).id in valid]
+                 if dataclasses.replace(c, decoding=lv["id"]) in valid]
         if c.decoding not in group:
             return alone
         return tuple((d, self.cfg.n_seeds(d)) for d in group)
@@ -225,7 +247,7 @@ class Plan:
         prepared-model marker. The workflow's rerun parameter leaves it out
         (``chat_template=False``): the marker does not exist yet when Snakemake plans a fresh
         run, and it is an input of every cell job, so a re-prepared model reruns them anyway."""
-        c = grid.Config.parse(config_id)
+        c = self.config(config_id)
         rules = self.cfg.rules
         extra = {"chat_template": self.chat_template_hash(model)} if chat_template else {}
         return canonical_hash({
