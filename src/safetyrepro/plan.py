@@ -139,6 +139,16 @@ class Plan:
     def quantization(self, model: str, variant: str = "main") -> str:
         return "bf16" if variant == "bf16" else self.cfg.quantization(model)
 
+    @property
+    def analysis_steps(self) -> list[str]:
+        """The analysis table steps this run computes (:data:`.analysis.outputs.TABLE_STEPS`):
+        BBQ's bias scores only when the run has BBQ, the precision check only when it is on."""
+        from .analysis.outputs import TABLE_STEPS
+
+        skip = {"bbq-bias"} if "bbq" not in self.cfg.benchmarks else set()
+        skip |= set() if self.precision_check else {"precision"}
+        return [s for s in TABLE_STEPS if s not in skip]
+
     # ---- model workers --------------------------------------------------------------------
     @property
     def worker_state_root(self) -> Path:
