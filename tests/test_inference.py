@@ -395,6 +395,8 @@ def test_empty_candidate_or_prompt_is_rejected(lm):
 
 
 def test_out_of_memory_halves_the_batch_then_fails_clearly():
+    from safetyrepro.inference.batching import Split
+
     calls = []
 
     def fn(rows):
@@ -403,11 +405,83 @@ def test_out_of_memory_halves_the_batch_then_fails_clearly():
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {r: r * 10 for r in rows}
 
-    assert run_with_oom_fallback([0, 1, 2, 3], fn, what="test", device="cuda",
-                                 n_tokens=len) == {0: 0, 1: 10, 2: 20, 3: 30}
-    assert calls == [[0, 1, 2, 3], [0, 1], [2, 3]]
+    splits: list[Split] = []
+    assert run_with_oom_fallback([0, 1, 2, 3, 6], fn, what="test", device="cuda",
+                                 n_tokens=len, splits=splits) == {0: 0, 1: 10, 2: 20, 3: 30, 6: 60}
+    # halves run in order, the first half split further before the second runs
+    assert calls == [[0, 1, 2, 3, 6], [0, 1], [2, 3, 6], [2], [3, 6]]
+    assert [(s.rows, s.into) for s in splits] == [((0, 1, 2, 3, 6), (2, 3)), ((2, 3, 6), (1, 2))]
+    assert splits[0].as_dict()["batch_size"] == 5 and "out of memory" in splits[0].error
     with pytest.raises(CellError, match="out of memory on cuda during test even at batch size 1"):
         run_with_oom_fallback([4, 5], fn, what="test", device="cuda", n_tokens=len)
     with pytest.raises(RuntimeError, match="boom"):
         run_with_oom_fallback([1], lambda r: (_ for _ in ()).throw(RuntimeError("boom")),
                               what="t", device="cpu", n_tokens=len)
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    out = []
+    for layer in cache.layers:
+        for name in ("_k", "_v", "keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_out_of_memory_frees_the_failed_batch_before_the_retry_and_changes_no_output(lm, columns):
+    """An out-of-memory error injected at a decode step of a batch of more than 3 prompts
+    (its KV cache built and reserved): the batch is split, the failed attempt's cache, mask
+    and logits are gone (weak references dead) when the first retry's forward starts, the
+    split is recorded, and every stream's tokens equal the unsplit run's in fp32."""
+    import weakref
+
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.batching import BatchRecord
+
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 0.9, 1)]
+    kw = dict(max_new_tokens=5, batch_size=8, seed_columns=columns)
+    with Trace().recording() as want:
+        unsplit = generate_streams(lm, prompts, streams, **kw)
+    failed: list[weakref.ref] = []
+    alive_at_retry: list[int] = []
+    state = {"decode_steps": 0, "raised": False}
+
+    def inject(mod, args, kwargs):
+        ids, cache = kwargs["input_ids"], kwargs[lm.cache_kwarg]
+        if state["raised"] and not alive_at_retry:  # the first forward after the failure
+            alive_at_retry.append(sum(r() is not None for r in failed))
+        decoding = ids.shape[1] <= len(streams) and cache.get_seq_length() > 0
+        if decoding and not state["raised"] and ids.shape[0] > 3:  # a cache row per prompt
+            state["decode_steps"] += 1
+            if state["decode_steps"] == 3:
+                state["raised"] = True
+                held = _cache_tensors(cache) + [kwargs["attention_mask"]]
+                failed.extend(weakref.ref(t) for t in held)
+                failed.append(weakref.ref(cache))
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB (injected)")
+
+    record = BatchRecord()
+    hook = lm.model.register_forward_pre_hook(inject, with_kwargs=True)
+    try:
+        with Trace().recording() as got_trace:
+            got = generate_streams(lm, prompts, streams, record=record, **kw)
+    finally:
+        hook.remove()
+    assert state["raised"] and len(failed) > 10
+    assert alive_at_retry == [0], f"{alive_at_retry[0]} of the failed batch's tensors outlived it"
+    assert [(s.what, len(s.rows), s.into) for s in record.splits] == [("generation", 6, (3, 3))]
+    assert record.as_dict()["oom_splits"][0]["error"].startswith("OutOfMemoryError")
+    # same outputs as the unsplit run (smaller batches: equal up to a fragile decision); the
+    # failed attempt's first decode steps are in the trace too: the retry's come last
+    failed_attempt = {key: seqs[:-1] for key, seqs in got_trace.sequences.items()}
+    # (with repeated rows the first kind, greedy, was decoding when the error came)
+    assert sum(map(len, failed_attempt.values())) == len(prompts) * (len(streams) if columns else 1)
+    got_trace.sequences = {key: seqs[-1:] for key, seqs in got_trace.sequences.items()}
+    parted = assert_sequences_agree(got_trace, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, got, unsplit):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert x.token_ids == y.token_ids

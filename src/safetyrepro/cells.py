@@ -137,13 +137,17 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         lm = load_model(cfg, model, quantization=quant)
     from .models import format_prompt
 
+    from .inference.batching import BatchRecord
+
     t0 = time.perf_counter()
+    batching = BatchRecord()  # the engine's batch plans and out-of-memory splits for this cell
     try:
         if c.scoring == "freeform":
             rows = _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress,
-                                 plan.decode_group(benchmark, cell, variant))
+                                 plan.decode_group(benchmark, cell, variant), batching)
         else:
-            rows = _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt)
+            rows = _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt,
+                                batching)
     except SafetyReproError as exc:
         raise CellError(f"cell {spec.id}: {exc}") from exc
     except Exception as exc:  # OOM and friends: name the cell
@@ -171,6 +175,7 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         "model_info": dict(lm.info),
         "quantization": lm.info.get("quantization", quant),
         "device": lm.info.get("device"),
+        "batching": batching.as_dict(),
         "code_version": code_version(),
         "n_items": len(rows),
         "wall_s": wall,
@@ -224,7 +229,7 @@ def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
     return streams, owners
 
 
-def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store) -> list:
+def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, store, batching) -> list:
     """Generations of one (decoding, seed) of a free-form cell's decode group
     (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template and
     shots, with all their seeds). The whole group is generated in one pass (one prefill, all
@@ -232,38 +237,45 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
     any of its cells is asked for; the others wait in memory until their jobs come, in
     whatever order the scheduler sends them. A (decoding, seed) is handed out once; asking
     again (a rerun) generates the group afresh, with the same result, since each sequence
-    drives its own generator and the batch is the same."""
+    drives its own generator and the batch is the same. What the engine recorded about the
+    group's batches (plans, out-of-memory splits) goes into ``batching`` of every cell the
+    group serves."""
     from .inference import generate_streams
+    from .inference.batching import BatchRecord
     from .inference.generate import copy_generations
 
     # the prompts identify the template, shots and items; kw the generation settings
     key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(prompts),
            canonical_hash(kw | {"progress": None}), tuple(group))
-    pending = _SEED_CACHE.get(key)
+    pending, record = _SEED_CACHE.get(key, (None, None))
     if pending is None or (decoding, spec.seed) not in pending:
         streams, owners = group_streams(group, levels)
-        outs = generate_streams(lm, prompts, streams, store=store, **kw)
+        record = BatchRecord()
+        outs = generate_streams(lm, prompts, streams, store=store, record=record, **kw)
         pending = {}
         for out, who in zip(outs, owners):
             for j, ds in enumerate(who):
                 pending[ds] = out if j == 0 else copy_generations(out)
-        _SEED_CACHE[key] = pending
+        _SEED_CACHE[key] = (pending, record)
         while len(_SEED_CACHE) > SEED_CACHE_MAX:  # oldest first
             _SEED_CACHE.pop(next(iter(_SEED_CACHE)))
     gens = pending.pop((decoding, spec.seed))
     if not pending:
         del _SEED_CACHE[key]
+    batching.splits.extend(record.splits)
+    batching.plans.extend(record.plans)
     return gens
 
 
-def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
+def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group, batching):
     from .models import format_prompt
 
     prompts = [format_prompt(lm.tokenizer, task.build_messages(it, c.template, fewshot)) for it in items]
     kw = dict(max_new_tokens=cfg.max_new_tokens(spec.benchmark, c.template),
               batch_size=cfg.data["generation"]["batch_size"], progress=progress)
     levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg))
+    gens = _group_generations(lm, spec, c.decoding, prompts, group, levels, kw, _prefills(lm, cfg),
+                              batching)
     rows = []
     for it, prompt, g in zip(items, prompts, gens):
         r = task.score_freeform(it, g.text)
@@ -277,7 +289,7 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group):
     return rows
 
 
-def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt):
+def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt, batching):
     from .inference import score_candidates
 
     contexts, cands = [], []
@@ -287,7 +299,7 @@ def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt
         cands.append(list(candidates))
     t0 = time.perf_counter()
     scores = score_candidates(lm, contexts, cands, batch_size=cfg.data["generation"]["batch_size"],
-                              store=_prefills(lm, cfg),
+                              store=_prefills(lm, cfg), record=batching,
                               progress=progress)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []

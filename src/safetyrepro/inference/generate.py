@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import CellError
-from .batching import Progress, length_batches, run_with_oom_fallback
+from .batching import BatchRecord, Progress, length_batches, run_with_oom_fallback
 from .encoding import encode_prompt
 from .kvcache import (Prefix, PrefillStore, build_prefix, fork_cache, forward,
                       packed_prefill_supported, prefill, reserve, window_as_full)
@@ -343,7 +343,8 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                         progress=None, prefix_cache: bool = True,
                         seed_columns: bool = True,
                         store: PrefillStore | None = None,
-                        window_full: bool = True) -> dict[int, list[Generation]]:
+                        window_full: bool = True,
+                        record: BatchRecord | None = None) -> dict[int, list[Generation]]:
     """Generate ``prompts`` once per seed, prefilling each batch ONCE and decoding all seeds
     together (:func:`generate_streams`, one stream per seed). ``{seed: [Generation in input
     order]}``; in fp32 identical to ``{s: generate(..., seed=s)}`` (tested); in bf16/NF4
@@ -358,7 +359,7 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
     outs = generate_streams(lm, prompts, [Stream(float(temperature), float(top_p), s) for s in decode_seeds],
                             max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
                             prefix_cache=prefix_cache, seed_columns=seed_columns, store=store,
-                            window_full=window_full)
+                            window_full=window_full, record=record)
     ordered = dict(zip(decode_seeds, outs))
     if greedy:  # one decode serves every seed; later seeds get copies
         base = ordered[decode_seeds[0]]
@@ -374,7 +375,8 @@ def copy_generations(gens: list[Generation]) -> list[Generation]:
 def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_tokens: int,
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
                      seed_columns: bool = True, store: PrefillStore | None = None,
-                     window_full: bool = True) -> list[list[Generation]]:
+                     window_full: bool = True,
+                     record: BatchRecord | None = None) -> list[list[Generation]]:
     """Decode every prompt under each of ``streams`` (greedy and sampled ones may mix),
     prefilling each batch ONCE and decoding all streams of the batch in one forward per step;
     returns one list of generations (input order) per stream. Each (stream, prompt) keeps its
@@ -391,7 +393,10 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
 
     ``window_full``: on a model with sliding-window layers, a call whose longest prompt plus
     ``max_new_tokens`` fits in the window runs them as full attention
-    (:func:`.kvcache.window_as_full`; same outputs up to summation order, tested)."""
+    (:func:`.kvcache.window_as_full`; same outputs up to summation order, tested).
+
+    ``record``: a :class:`.batching.BatchRecord` that receives every out-of-memory split
+    (a batch that did not fit is halved and retried, :func:`.batching.run_with_oom_fallback`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:
@@ -466,7 +471,9 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
 
             for rows in length_batches([len(e) for e in enc], batch_size):
                 done = run_with_oom_fallback(rows, run, what="generation", device=lm.info["device"],
-                                             n_tokens=lambda rs: sum(len(enc[i]) for i in rs))
+                                             n_tokens=lambda rs: sum(len(enc[i]) for i in rs),
+                                             splits=record.splits if record is not None else None,
+                                             on_oom=(lambda: store.discard("batch")) if store is not None else None)
                 for i, per_stream in done.items():
                     for s, g in enumerate(per_stream):
                         results[s][i] = g
@@ -478,9 +485,9 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
 def generate(lm, prompts: list[str], *, max_new_tokens: int, temperature: float,
              top_p: float = 1.0, seed: int = 0, batch_size: int = 16, progress=None,
              prefix_cache: bool = True, store: PrefillStore | None = None,
-             window_full: bool = True) -> list[Generation]:
+             window_full: bool = True, record: BatchRecord | None = None) -> list[Generation]:
     """Generate one continuation per prompt (input order); see the module docstring."""
     return generate_multi_seed(lm, prompts, [seed], max_new_tokens=max_new_tokens,
                                temperature=temperature, top_p=top_p, batch_size=batch_size,
                                progress=progress, prefix_cache=prefix_cache,
-                               store=store, window_full=window_full)[int(seed)]
+                               store=store, window_full=window_full, record=record)[int(seed)]

@@ -396,6 +396,15 @@ class PrefillStore:
     def __len__(self) -> int:
         return len(self._items)
 
+    def discard(self, kind: str) -> int:
+        """Drop every entry of ``kind`` (``"batch"`` or ``"prefix"``); returns how many. After
+        an out-of-memory error the failed batch's prefill is of no further use (its halves
+        prefill anew) and its memory is wanted back."""
+        gone = [k for k in self._items if k[0] == kind]
+        for k in gone:
+            self.bytes -= self._items.pop(k)[1]
+        return len(gone)
+
 
 def _nbytes(*objs) -> int:
     """Bytes held by tensors and caches (their layers' keys and values)."""

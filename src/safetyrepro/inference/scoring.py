@@ -106,7 +106,7 @@ class _PackedUnsupported(Exception):
 
 def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
-                     method: str = "auto", store=None) -> list[list[CandidateScore]]:
+                     method: str = "auto", store=None, record=None) -> list[list[CandidateScore]]:
     """Score ``candidates[i][j]`` as a continuation of ``contexts[i]`` with one context pass
     per item (see the module docstring). Returns scores in input order.
 
@@ -114,10 +114,12 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
     candidates' token tree packed into dense rows under a tree attention mask,
     :mod:`.packing`), ``"fork"`` (context prefill in batches of ``batch_size``, then candidate
     rows over a forked cache) or ``"auto"`` (packed where the model supports it, else fork).
-    ``store``: a :class:`.kvcache.PrefillStore` whose prefixes are reused."""
+    ``store``: a :class:`.kvcache.PrefillStore` whose prefixes are reused. ``record``: a
+    :class:`.batching.BatchRecord` that receives every out-of-memory split."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     ctx_ids, cont_ids = _encode(lm, contexts, candidates)
+    splits = record.splits if record is not None else None
     bar = Progress(progress, len(contexts), "score")
     try:
         with torch.inference_mode():
@@ -131,24 +133,25 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
                 try:
                     return _score(lm, ctx_ids, cont_ids, functools.partial(
                         _run_packed, lm, prefix, ctx_ids, cont_ids, bar),
-                        _packed_batches(lm, len(prefix), ctx_ids, cont_ids, batch_size))
+                        _packed_batches(lm, len(prefix), ctx_ids, cont_ids, batch_size), splits)
                 except _PackedUnsupported:
                     if method == "packed":
                         raise ValueError("this model's forward ignores a boolean logits_to_keep; "
                                          "use method='fork'") from None
             return _score(lm, ctx_ids, cont_ids, functools.partial(
                 _run_fork, lm, prefix, ctx_ids, cont_ids, bar, batch_size),
-                length_batches([len(c) for c in ctx_ids], batch_size))
+                length_batches([len(c) for c in ctx_ids], batch_size), splits)
     finally:
         bar.close()
 
 
-def _score(lm, ctx_ids, cont_ids, run, batches) -> list[list[CandidateScore]]:
+def _score(lm, ctx_ids, cont_ids, run, batches, splits=None) -> list[list[CandidateScore]]:
     out: dict[int, list[CandidateScore]] = {}
     for rows in batches:
         out.update(run_with_oom_fallback(
             rows, run, what="log-likelihood scoring", device=lm.info["device"],
-            n_tokens=lambda rs: sum(len(ctx_ids[i]) + sum(map(len, cont_ids[i])) for i in rs)))
+            n_tokens=lambda rs: sum(len(ctx_ids[i]) + sum(map(len, cont_ids[i])) for i in rs),
+            splits=splits))
     return [out[i] for i in range(len(ctx_ids))]
 
 
