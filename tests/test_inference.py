@@ -485,3 +485,64 @@ def test_out_of_memory_frees_the_failed_batch_before_the_retry_and_changes_no_ou
         for p, x, y in zip(prompts, a, b):
             if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
                 assert x.token_ids == y.token_ids
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_rows_leaving_in_place_change_no_output(lm, columns, monkeypatch):
+    """Finished rows leave the decoding cache in place (kept rows moved into the holes, no
+    copy of the cache); in fp32 every stream's tokens equal those of the row-selecting copy
+    it replaced, with stream columns and with repeated rows."""
+    import importlib
+
+    from safetyrepro.inference import Stream, generate_streams
+
+    gen_mod = importlib.import_module("safetyrepro.inference.generate")  # the module, not the function
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 1.0, 1)]
+    kw = dict(max_new_tokens=10, batch_size=8, seed_columns=columns)
+    monkeypatch.setattr(gen_mod, "IN_PLACE_DROP", False)
+    with Trace().recording() as want:
+        copied = generate_streams(lm, prompts, streams, **kw)
+    monkeypatch.setattr(gen_mod, "IN_PLACE_DROP", True)
+    with Trace().recording() as got_trace:
+        moved = generate_streams(lm, prompts, streams, **kw)
+    # rows did leave early (some sequences stopped before the limit)
+    assert {g.n_gen_tokens for gs in moved for g in gs} != {kw["max_new_tokens"]}
+    parted = assert_sequences_agree(got_trace, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, moved, copied):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+
+
+def test_generation_batches_follow_the_memory_budget_and_are_recorded(lm):
+    """A budget that holds two prompts' footprint makes batches of at most two prompts under
+    a cap of 8; the plan (budget and every batch's prompts and footprint) is recorded, and
+    the outputs equal the one-batch run's."""
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.batching import BatchRecord
+    from safetyrepro.inference.memory import MemoryBudget, ModelDims
+
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.3, 1.0, 0)]
+    kw = dict(max_new_tokens=4, batch_size=8)
+    with Trace().recording() as want:
+        generate_streams(lm, prompts, streams, **kw)
+    one = BatchRecord()
+    generate_streams(lm, prompts, streams, record=one, **kw)
+    (plan,) = one.plans
+    assert [b["prompts"] for b in plan["batches"]] == [6]
+    fp6 = plan["batches"][0]["footprint_bytes"]
+    dims = ModelDims.of(lm)
+    # room for about a third of the six-prompt batch: two prompts fit, three do not
+    budget = MemoryBudget(total_bytes=10 * (fp6 // 3 + dims.weight_bytes + (1 << 30)) // 9,
+                          weight_bytes=dims.weight_bytes, store_bytes=0)
+    small = BatchRecord()
+    with Trace().recording() as got:
+        generate_streams(lm, prompts, streams, record=small, budget=budget, **kw)
+    (plan,) = small.plans
+    assert plan["budget"]["budget_bytes"] == budget.budget_bytes
+    sizes = [b["prompts"] for b in plan["batches"]]
+    assert sum(sizes) == 6 and max(sizes) == 2
+    assert all(b["footprint_bytes"] <= budget.budget_bytes for b in plan["batches"])
+    assert_sequences_agree(got, want, model_rel_tol(lm))

@@ -260,6 +260,35 @@ def test_reserved_layer_writes_in_place_and_forks_independently():
     assert torch.equal(cache.layers[0].keys, k0)  # the source cache is untouched
 
 
+def test_drop_rows_moves_kept_rows_in_place_without_copying_the_cache():
+    """Finished rows leave a reserved cache in place: kept rows past the new row count fill
+    the holes, the buffers are views of the same storage (no second cache), the returned
+    order says which old row each new row holds, and decoding continues on the rows."""
+    from transformers import DynamicCache
+
+    from safetyrepro.inference.kvcache import drop_rows
+
+    torch.manual_seed(1)
+    k0, v0 = torch.randn(6, 2, 5, 4), torch.randn(6, 2, 5, 4)
+    cache = DynamicCache()
+    cache.update(k0, v0, 0)
+    r = reserve(cache, 4, rows=torch.tensor([0, 1, 2, 3, 4, 5]))
+    layer = r.layers[0]
+    storage = layer._k.untyped_storage().data_ptr()
+    order = drop_rows(r, [1, 3, 4, 5])   # rows 0 and 2 finished
+    assert order == [4, 1, 5, 3]          # 4 and 5 moved into the holes 0 and 2
+    assert layer._k.untyped_storage().data_ptr() == storage and layer._k.shape[0] == 4
+    assert torch.equal(layer.keys, k0[order]) and torch.equal(layer.values, v0[order])
+    k, v = torch.randn(4, 2, 1, 4), torch.randn(4, 2, 1, 4)
+    got = r.update(k, v, 0)
+    assert torch.equal(got[0], torch.cat([k0[order], k], dim=2))
+    assert torch.equal(got[1], torch.cat([v0[order], v], dim=2))
+    assert drop_rows(r, [0, 1, 2, 3]) == [0, 1, 2, 3]  # nothing finished: nothing moves
+    # reserving only some rows copies just those
+    part = reserve(cache, 4, rows=torch.tensor([5, 2]))
+    assert torch.equal(part.layers[0].keys, k0[[5, 2]])
+
+
 @pytest.mark.slow
 def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
     # Gemma-3, prompts inside its 512-token window: generation treats the sliding layers as full

@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import CellError
-from .batching import BatchRecord, Progress, length_batches, run_with_oom_fallback
+from .batching import BatchRecord, Progress, run_with_oom_fallback
 from .encoding import encode_prompt
-from .kvcache import (Prefix, PrefillStore, build_prefix, fork_cache, forward,
+from .kvcache import (Prefix, PrefillStore, build_prefix, drop_rows, fork_cache, forward,
                       packed_prefill_supported, prefill, reserve, window_as_full)
+from .memory import MemoryBudget, ModelDims, budget_for, generation_footprint, plan_batches
 from .packing import attention_mask_4d
 
 
@@ -253,6 +254,16 @@ class _Outputs:
         return gens
 
 
+# Finished rows leave a decoding cache in place (:func:`.kvcache.drop_rows`); False: through a
+# row-selecting copy of the whole cache (:func:`.kvcache.fork_cache`), the path before it, kept
+# for the equality tests.
+IN_PLACE_DROP = True
+
+
+def _fork_rows(cache, keep: list[int]):
+    return fork_cache(cache, rows=torch.tensor(keep, dtype=torch.long)), keep
+
+
 def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
             n_prompt: list[int], t0: float, prefix: Prefix | None = None) -> list[Generation]:
     """Decode one prefilled batch; returns one Generation per row (batch order). ``prefix``:
@@ -267,14 +278,18 @@ def _decode(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
         keep = out.append(active, nxt.tolist())
         if not keep:
             break
+        if step == 0:  # decode writes into preallocated buffers from here on
+            rows = None if len(keep) == len(active) else torch.tensor(keep, dtype=torch.long)
+            cache, order = reserve(cache, max_new_tokens, rows=rows), keep
+        elif len(keep) < len(active):
+            order = drop_rows(cache, keep) if IN_PLACE_DROP else _fork_rows(cache, keep)
+            if not IN_PLACE_DROP:
+                cache, order = order
         if len(keep) < len(active):
-            sel = torch.tensor(keep, dtype=torch.long, device=mask.device)
-            cache = fork_cache(cache, rows=sel)
+            sel = torch.tensor(order, dtype=torch.long, device=mask.device)
             mask = mask.index_select(0, sel)
             nxt = nxt.index_select(0, sel)
-            active = [active[j] for j in keep]
-        if step == 0:  # decode writes into preallocated buffers from here on
-            cache = reserve(cache, max_new_tokens)
+            active = [active[j] for j in order]
         mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
         pos = mask.sum(dim=1, keepdim=True) - 1 + offset
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1,
@@ -310,17 +325,23 @@ def _decode_seed_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds:
         keep = out.append(active, nxt_list)
         if not keep:
             break
-        still = sorted({active[j] % n for j in keep})
-        if len(still) < len(alive_items):
-            sel = torch.tensor([row_of[i] for i in still], dtype=torch.long, device=dev)
-            cache = fork_cache(cache, rows=sel)
-            base = base.index_select(0, sel)
-            row_of = [-1] * n
-            for r, i in enumerate(still):
-                row_of[i] = r
-            alive_items = still
+        still = {active[j] % n for j in keep}
+        kept_rows = sorted(row_of[i] for i in still)
         if step == 0:  # decode writes into preallocated buffers from here on
-            cache = reserve(cache, k * max_new_tokens)
+            rows = None if len(still) == len(alive_items) else torch.tensor(kept_rows, dtype=torch.long)
+            cache, order = reserve(cache, k * max_new_tokens, rows=rows), kept_rows
+        elif len(still) < len(alive_items):
+            order = drop_rows(cache, kept_rows) if IN_PLACE_DROP else _fork_rows(cache, kept_rows)
+            if not IN_PLACE_DROP:
+                cache, order = order
+        if len(still) < len(alive_items):
+            # row r now holds the prompt of old row order[r]
+            item_at = {row_of[i]: i for i in alive_items}
+            base = base.index_select(0, torch.tensor(order, dtype=torch.long, device=dev))
+            alive_items = [item_at[o] for o in order]
+            row_of = [-1] * n
+            for r, i in enumerate(alive_items):
+                row_of[i] = r
         r_n = len(alive_items)
         inp = torch.full((r_n, k), pad, dtype=torch.long)
         for j in keep:
@@ -376,7 +397,8 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
                      seed_columns: bool = True, store: PrefillStore | None = None,
                      window_full: bool = True,
-                     record: BatchRecord | None = None) -> list[list[Generation]]:
+                     record: BatchRecord | None = None,
+                     budget: MemoryBudget | None = None) -> list[list[Generation]]:
     """Decode every prompt under each of ``streams`` (greedy and sampled ones may mix),
     prefilling each batch ONCE and decoding all streams of the batch in one forward per step;
     returns one list of generations (input order) per stream. Each (stream, prompt) keeps its
@@ -395,8 +417,11 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     ``max_new_tokens`` fits in the window runs them as full attention
     (:func:`.kvcache.window_as_full`; same outputs up to summation order, tested).
 
-    ``record``: a :class:`.batching.BatchRecord` that receives every out-of-memory split
-    (a batch that did not fit is halved and retried, :func:`.batching.run_with_oom_fallback`)."""
+    Batches hold at most ``batch_size`` prompts and, within that, as many as fit the memory
+    ``budget`` by their estimated footprint (:mod:`.memory`; default: the budget of ``lm``'s
+    device with the ``store``'s byte budget set aside). ``record``: a
+    :class:`.batching.BatchRecord` that receives the plan and every out-of-memory split (a
+    batch that did not fit is halved and retried, :func:`.batching.run_with_oom_fallback`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:
@@ -469,7 +494,30 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                 bar.update(n * k)
                 return {i: [gens[s * n + j] for s in range(k)] for j, i in enumerate(rows)}
 
-            for rows in length_batches([len(e) for e in enc], batch_size):
+            dims = ModelDims.of(lm)
+            if budget is None:
+                budget = budget_for(lm, dims, store_bytes=store.max_bytes if store is not None else 0)
+            kinds: dict[tuple, int] = {}
+            for st in streams:
+                kinds[(st.temperature, st.top_p)] = kinds.get((st.temperature, st.top_p), 0) + 1
+
+            def footprint(n_rows: int, width: int) -> int:
+                return generation_footprint(dims, rows=n_rows, width=width, prefix=len(prefix),
+                                            detached=prefix.detached, streams=k,
+                                            max_new_tokens=max_new_tokens,
+                                            columns=bool(columns) or k == 1,
+                                            largest_kind=max(kinds.values()))
+
+            plan = plan_batches([len(e) - len(prefix) for e in enc], batch_size, footprint,
+                                budget.budget_bytes)
+            if record is not None:
+                record.plans.append({
+                    "what": "generation", "budget": budget.record(), "streams": k,
+                    "stream_columns": bool(columns), "prefix_tokens": len(prefix),
+                    "max_new_tokens": max_new_tokens, "batch_size_cap": batch_size,
+                    "batches": [{"prompts": len(b), "longest": max(len(enc[i]) for i in b),
+                                 "footprint_bytes": f} for b, f in plan]})
+            for rows, _ in plan:
                 done = run_with_oom_fallback(rows, run, what="generation", device=lm.info["device"],
                                              n_tokens=lambda rs: sum(len(enc[i]) for i in rs),
                                              splits=record.splits if record is not None else None,

@@ -195,6 +195,16 @@ class _Buffered:
         self._k, self._v = self._k[indices, ...], self._v[indices, ...]
         self._views()
 
+    def move_rows(self, dst: torch.Tensor, src: torch.Tensor, m: int) -> None:
+        """In place: rows ``src`` overwrite rows ``dst`` (disjoint), then the first ``m`` rows
+        are kept (views of the same buffers: nothing but the moved rows is copied)."""
+        if len(dst):
+            d, s = dst.to(self._k.device), src.to(self._k.device)
+            self._k.index_copy_(0, d, self._k.index_select(0, s))
+            self._v.index_copy_(0, d, self._v.index_select(0, s))
+        self._k, self._v = self._k[:m], self._v[:m]
+        self._views()
+
 
 class ReservedLayer(_Buffered, _dynamic_layer_class()):
     """A full-attention cache layer whose keys/values live in buffers with room for
@@ -202,8 +212,12 @@ class ReservedLayer(_Buffered, _dynamic_layer_class()):
     instead of concatenating (reallocating and copying) the whole cache at every decode step,
     which dominates CPU decoding of long prompts. Outgrowing the buffer doubles it."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, capacity: int,
+                 rows: torch.Tensor | None = None):
         super().__init__()
+        if rows is not None:  # only these rows (one layer's rows copied at a time)
+            idx = rows.to(keys.device)
+            keys, values = keys.index_select(0, idx), values.index_select(0, idx)
         n = keys.shape[-2]
         cap = max(int(capacity), n)
         self._k = keys.new_empty((*keys.shape[:2], cap, keys.shape[-1]))
@@ -252,9 +266,12 @@ class ReservedSlidingLayer(_Buffered, _sliding_layer_class()):
     steps). Returns the same states in the same order as the plain layer, and keeps its
     ``cumulative_length`` for the mask sizes."""
 
-    def __init__(self, layer, extra: int):
+    def __init__(self, layer, extra: int, rows: torch.Tensor | None = None):
         super().__init__(sliding_window=layer.sliding_window)
         keys, values = layer.keys, layer.values
+        if rows is not None:
+            idx = rows.to(keys.device)
+            keys, values = keys.index_select(0, idx), values.index_select(0, idx)
         n = keys.shape[-2]
         cap = self.sliding_window - 1 + max(int(extra), 1)
         self._k = keys.new_empty((*keys.shape[:2], max(cap, n), keys.shape[-1]))
@@ -302,11 +319,12 @@ class ReservedSlidingLayer(_Buffered, _sliding_layer_class()):
 
 
 
-def reserve(cache, extra: int):
+def reserve(cache, extra: int, rows: torch.Tensor | None = None):
     """``cache`` with every plain full-attention layer replaced by a :class:`ReservedLayer`
     holding room for ``extra`` more positions, and every plain sliding-window layer by a
     :class:`ReservedSlidingLayer` (other layer kinds are kept as they are). Copies the cached
-    states once."""
+    states once; with ``rows`` (index tensor) only those rows, so dropping rows before the
+    first decode step costs no second copy."""
     dynamic, sliding = _dynamic_layer_class(), _sliding_layer_class()
     new = copy.copy(cache)
     new.layers = []
@@ -314,12 +332,48 @@ def reserve(cache, extra: int):
         keys = getattr(layer, "keys", None)
         filled = isinstance(keys, torch.Tensor) and keys.numel()
         if type(layer) is dynamic and filled:
-            new.layers.append(ReservedLayer(keys, layer.values, keys.shape[-2] + extra))
+            new.layers.append(ReservedLayer(keys, layer.values, keys.shape[-2] + extra, rows=rows))
         elif type(layer) is sliding and filled and not layer.record_past:
-            new.layers.append(ReservedSlidingLayer(layer, extra))
+            new.layers.append(ReservedSlidingLayer(layer, extra, rows=rows))
+        elif rows is not None:
+            new.layers.append(fork_cache(_one_layer(layer), rows=rows).layers[0])
         else:
             new.layers.append(layer)
     return new
+
+
+class _one_layer:  # a cache-like holder of one layer, for fork_cache
+    def __init__(self, layer):
+        self.layers = [layer]
+
+
+def drop_rows(cache, keep: list[int]) -> list[int]:
+    """Keep the rows ``keep`` (ascending positions) of a decoding cache, IN PLACE: the rows
+    past ``len(keep)`` that are kept move into the holes the dropped rows leave among the
+    first ``len(keep)``, and every layer's buffers are then cut to their first ``len(keep)``
+    rows (views: a reserved cache's buffers are not copied, so memory does not double while
+    finished rows leave the batch, as it does with :func:`fork_cache`). Returns the new row
+    order: row ``r`` now holds what was row ``order[r]``; the caller reorders its own per-row
+    state (mask, tokens, sequence ids) the same way. Rows do not interact in a forward pass,
+    so the order changes what each row computes only by the summation order of batched
+    kernels (tested equal in fp32). Layers not written in place are row-selected (copied)."""
+    m = len(keep)
+    kept = set(keep)
+    holes = [i for i in range(m) if i not in kept]
+    movers = [i for i in keep if i >= m]
+    order = list(range(m))
+    for h, v in zip(holes, movers):
+        order[h] = v
+    dst, src = torch.tensor(holes, dtype=torch.long), torch.tensor(movers, dtype=torch.long)
+    sel = torch.tensor(order, dtype=torch.long)
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, _Buffered):
+            layer.move_rows(dst, src, m)
+            continue
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.numel():
+            cache.layers[i] = fork_cache(_one_layer(layer), rows=sel).layers[0]
+    return order
 
 
 @dataclass
