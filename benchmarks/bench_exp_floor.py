@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     import importlib
 
     from safetyrepro.inference import generate_streams
-    from safetyrepro.inference.kvcache import PrefillStore
+    from safetyrepro.inference.store import PrefillStore
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
     from safetyrepro.perf.workload import group_cases, group_comparison

@@ -109,7 +109,7 @@ def test_a_decode_group_is_generated_once_and_handed_out_per_job(setup, monkeypa
     first of their jobs generates all 11 sequences per item in one batch, the others are
     served from memory in any order, a rerun regenerates the same outputs, and the group is in
     every member's fingerprint."""
-    import safetyrepro.inference as inference
+    import safetyrepro.inference.backend as backend
     from safetyrepro.inference import generate as plain_generate
     from safetyrepro.plan import Plan
 
@@ -120,12 +120,12 @@ def test_a_decode_group_is_generated_once_and_handed_out_per_job(setup, monkeypa
     assert plan.decode_group("bbq", "T2-greedy-k0-freeform") == group
     assert plan.decode_group("bbq", "T2-greedy-k0-logprob") == (("greedy", 1),)
     calls = []
-    orig = inference.generate_streams
+    orig = backend.generate_streams
 
     def counting(*a, **kw):
         calls.append(len(a[2]))
         return orig(*a, **kw)
-    monkeypatch.setattr(inference, "generate_streams", counting)
+    monkeypatch.setattr(backend, "generate_streams", counting)
     order = [("t0.7", 3), ("greedy", 0), ("t0.3", 0), ("t0.7", 0), ("t0.3", 4)]
     outs = {}
     with Trace().recording() as group_trace:

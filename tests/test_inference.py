@@ -21,7 +21,7 @@ from safetyrepro.inference import (check_finite, encode_pair, encode_prompt, gen
                                    generate_multi_seed, score_candidates, score_candidates_plain)
 from safetyrepro.inference.batching import Progress, length_batches, run_with_oom_fallback
 from safetyrepro.inference.encoding import common_prefix_len, split_trailing_space
-from safetyrepro.inference.generate import item_seed
+from safetyrepro.inference.sampling import item_seed
 from safetyrepro.models import format_prompt, load_model
 
 from inference_support import fed_shapes, reference_greedy
@@ -188,7 +188,7 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
 def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
     """A decode group (greedy + two temperatures, several seeds, one nucleus stream) prefills
     once and decodes every sequence in one forward per step; in fp32 each stream's tokens
-    equal a separate call's, with seed columns and with repeated rows."""
+    equal a separate call's, with stream columns and with repeated rows."""
     from safetyrepro.inference import Stream, generate_streams
 
     prompts = _prompts(lm)
@@ -200,7 +200,7 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
             generate(lm, prompts, temperature=st.temperature, top_p=st.top_p, seed=st.seed, **kw)
     for columns in (True, False):
         with fed_shapes(lm) as fed, Trace().recording() as trace:
-            got = generate_streams(lm, prompts, streams, seed_columns=columns, **kw)
+            got = generate_streams(lm, prompts, streams, stream_columns=columns, **kw)
         assert len(got) == len(streams)
         for st, g in zip(streams, got):
             assert [x.token_ids for x in g] == [trace.get(st.temperature, p, st.seed, st.top_p)[0].tokens
@@ -215,14 +215,14 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
         generate_streams(lm, prompts, [Stream(-1.0)], **kw)
 
 
-def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
+def test_stream_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
     prompts = _prompts(lm)
     seeds = [0, 1, 2, 3, 4]
     kw = dict(max_new_tokens=4, temperature=0.7, top_p=0.95, batch_size=4)
     with fed_shapes(lm) as shapes, Trace().recording() as cols_trace:
-        cols = generate_multi_seed(lm, prompts, seeds, seed_columns=True, **kw)
+        cols = generate_multi_seed(lm, prompts, seeds, stream_columns=True, **kw)
     with Trace().recording() as rows_trace:
-        rows = generate_multi_seed(lm, prompts, seeds, seed_columns=False, **kw)
+        rows = generate_multi_seed(lm, prompts, seeds, stream_columns=False, **kw)
     parted = assert_sequences_agree(cols_trace, rows_trace, model_rel_tol(lm))
     for s in seeds:
         for p, c, r in zip(prompts, cols[s], rows[s]):
@@ -442,7 +442,7 @@ def test_out_of_memory_frees_the_failed_batch_before_the_retry_and_changes_no_ou
 
     prompts = _prompts(lm)
     streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 0.9, 1)]
-    kw = dict(max_new_tokens=5, batch_size=8, seed_columns=columns)
+    kw = dict(max_new_tokens=5, batch_size=8, stream_columns=columns)
     with Trace().recording() as want:
         unsplit = generate_streams(lm, prompts, streams, **kw)
     failed: list[weakref.ref] = []
@@ -499,7 +499,7 @@ def test_rows_leaving_in_place_change_no_output(lm, columns, monkeypatch):
     gen_mod = importlib.import_module("safetyrepro.inference.generate")  # the module, not the function
     prompts = _prompts(lm)
     streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 1.0, 1)]
-    kw = dict(max_new_tokens=10, batch_size=8, seed_columns=columns)
+    kw = dict(max_new_tokens=10, batch_size=8, stream_columns=columns)
     monkeypatch.setattr(gen_mod, "IN_PLACE_DROP", False)
     with Trace().recording() as want:
         copied = generate_streams(lm, prompts, streams, **kw)

@@ -15,8 +15,8 @@ import torch
 from safetyrepro.config import load_config
 from safetyrepro.inference import (encode_pair, encode_prompt, generate, score_candidates,
                                    score_candidates_plain)
-from safetyrepro.inference.kvcache import (ReservedLayer, build_prefix, fork_cache,
-                                           packed_prefill_supported, prefill, reserve)
+from safetyrepro.inference.cache import ReservedLayer, fork_cache, reserve
+from safetyrepro.inference.prefill import build_prefix, packed_prefill_supported, prefill
 from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, item_tree,
                                            pack_items, pack_rows, packed_supported,
                                            tree_columns)
@@ -266,7 +266,7 @@ def test_drop_rows_moves_kept_rows_in_place_without_copying_the_cache():
     order says which old row each new row holds, and decoding continues on the rows."""
     from transformers import DynamicCache
 
-    from safetyrepro.inference.kvcache import drop_rows
+    from safetyrepro.inference.cache import drop_rows
 
     torch.manual_seed(1)
     k0, v0 = torch.randn(6, 2, 5, 4), torch.randn(6, 2, 5, 4)
@@ -308,7 +308,7 @@ def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
 def test_reserved_sliding_layer_returns_what_the_plain_sliding_layer_returns():
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
-    from safetyrepro.inference.kvcache import ReservedSlidingLayer
+    from safetyrepro.inference.cache import ReservedSlidingLayer
 
     torch.manual_seed(0)
     plain = DynamicSlidingWindowLayer(sliding_window=8)
@@ -347,9 +347,10 @@ def test_generation_past_the_sliding_window_equals_per_item_generate(gemma):
 
 
 @pytest.mark.slow
-def test_window_as_full_gives_the_sliding_model_seed_columns_with_the_same_outputs(gemma):
+def test_window_as_full_gives_the_sliding_model_stream_columns_with_the_same_outputs(gemma):
     from safetyrepro.inference.generate import generate_multi_seed
-    from safetyrepro.inference.kvcache import shares_prefix, window_as_full
+    from safetyrepro.inference.cache import window_as_full
+    from safetyrepro.inference.prefill import shares_prefix
 
     window = gemma.model.config.get_text_config().sliding_window
     with window_as_full(gemma, window) as on:

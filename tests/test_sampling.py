@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from safetyrepro.inference.generate import EXP_FLOOR, _Sampler
-from safetyrepro.inference.kvcache import forward, new_cache
+from safetyrepro.inference.sampling import EXP_FLOOR, _Sampler
+from safetyrepro.inference.cache import new_cache
+from safetyrepro.inference.prefill import forward
 
 from numerics import assert_within, decide, gamma, matmul_bound, unit_roundoff
 

@@ -45,11 +45,11 @@ PREFILL_STORE_MB = 2048  # default of runtime.prefill_store_mb
 
 
 def _prefills(lm, cfg: RunConfig):
-    """The model's :class:`~.inference.kvcache.PrefillStore`: free-form and logprob cells of
+    """The model's :class:`~.inference.store.PrefillStore`: free-form and logprob cells of
     one (template, shots) often share the few-shot prefix and prompts; each prefill is computed
     once per worker (same outputs). Its budget is ``runtime.prefill_store_mb`` (default 2048;
     the prefills live where the model runs, so on a GPU this is GPU memory; 0 turns it off)."""
-    from .inference.kvcache import PrefillStore
+    from .inference.store import PrefillStore
 
     budget = int(cfg.section("runtime").get("prefill_store_mb", PREFILL_STORE_MB)) << 20
     store = _PREFILLS.get(lm.model)
@@ -240,7 +240,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
     drives its own generator and the batch is the same. What the engine recorded about the
     group's batches (plans, out-of-memory splits) goes into ``batching`` of every cell the
     group serves."""
-    from .inference import generate_streams
+    from .inference.backend import EngineBackend
     from .inference.batching import BatchRecord
     from .inference.generate import copy_generations
 
@@ -251,7 +251,7 @@ def _group_generations(lm, spec, decoding: str, prompts, group, levels, kw, stor
     if pending is None or (decoding, spec.seed) not in pending:
         streams, owners = group_streams(group, levels)
         record = BatchRecord()
-        outs = generate_streams(lm, prompts, streams, store=store, record=record, **kw)
+        outs = EngineBackend(lm, store).generate_streams(prompts, streams, record=record, **kw)
         pending = {}
         for out, who in zip(outs, owners):
             for j, ds in enumerate(who):
@@ -290,7 +290,7 @@ def _run_freeform(cfg, lm, task, spec, c, items, fewshot, progress, group, batch
 
 
 def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt, batching):
-    from .inference import score_candidates
+    from .inference.backend import EngineBackend
 
     contexts, cands = [], []
     for it in items:
@@ -298,9 +298,9 @@ def _run_logprob(cfg, lm, task, spec, c, items, fewshot, progress, format_prompt
         contexts.append(format_prompt(lm.tokenizer, messages))
         cands.append(list(candidates))
     t0 = time.perf_counter()
-    scores = score_candidates(lm, contexts, cands, batch_size=cfg.data["generation"]["batch_size"],
-                              store=_prefills(lm, cfg), record=batching,
-                              progress=progress)
+    scores = EngineBackend(lm, _prefills(lm, cfg)).score_candidates(
+        contexts, cands, batch_size=cfg.data["generation"]["batch_size"], record=batching,
+        progress=progress)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []
     for i, (it, ctx, sc) in enumerate(zip(items, contexts, scores)):

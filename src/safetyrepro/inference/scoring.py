@@ -8,7 +8,7 @@ spaces/tabs of the context moved to the continuation). ``is_greedy`` says whethe
 candidate token is the model's argmax at its position (lm-evaluation-harness's "is_greedy").
 
 :func:`score_candidates` (the engine path) runs each context ONCE, on top of the token prefix
-shared by all contexts (prefilled once, :mod:`.kvcache`), by one of two methods:
+shared by all contexts (prefilled once, :mod:`.prefill`), by one of two methods:
 
 * ``packed`` (default where supported, :mod:`.packing`): each item's context suffix and the
   token tree of its candidates (shared candidate openings once) are packed into dense rows
@@ -37,7 +37,8 @@ import torch
 from ..errors import CellError
 from .batching import Progress, chunks, length_batches, run_with_oom_fallback
 from .encoding import encode_continuation, encode_prompt, split_trailing_space
-from .kvcache import build_prefix, fork_cache, forward, new_cache, positions, prefill
+from .cache import fork_cache, new_cache
+from .prefill import build_prefix, forward, positions, prefill
 from .packing import (attention_mask_4d, pack_items, packed_supported, tree_columns,
                       tree_positions)
 
@@ -114,7 +115,7 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
     candidates' token tree packed into dense rows under a tree attention mask,
     :mod:`.packing`), ``"fork"`` (context prefill in batches of ``batch_size``, then candidate
     rows over a forked cache) or ``"auto"`` (packed where the model supports it, else fork).
-    ``store``: a :class:`.kvcache.PrefillStore` whose prefixes are reused. ``record``: a
+    ``store``: a :class:`.store.PrefillStore` whose prefixes are reused. ``record``: a
     :class:`.batching.BatchRecord` that receives every out-of-memory split."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
