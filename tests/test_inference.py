@@ -496,14 +496,14 @@ def test_rows_leaving_in_place_change_no_output(lm, columns, monkeypatch):
 
     from safetyrepro.inference import Stream, generate_streams
 
-    gen_mod = importlib.import_module("safetyrepro.inference.generate")  # the module, not the function
+    decode_mod = importlib.import_module("safetyrepro.inference.decode")
     prompts = _prompts(lm)
     streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 1.0, 1)]
     kw = dict(max_new_tokens=10, batch_size=8, stream_columns=columns)
-    monkeypatch.setattr(gen_mod, "IN_PLACE_DROP", False)
+    monkeypatch.setattr(decode_mod, "IN_PLACE_DROP", False)
     with Trace().recording() as want:
         copied = generate_streams(lm, prompts, streams, **kw)
-    monkeypatch.setattr(gen_mod, "IN_PLACE_DROP", True)
+    monkeypatch.setattr(decode_mod, "IN_PLACE_DROP", True)
     with Trace().recording() as got_trace:
         moved = generate_streams(lm, prompts, streams, **kw)
     # rows did leave early (some sequences stopped before the limit)

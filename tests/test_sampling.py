@@ -1,4 +1,4 @@
-"""The temperature sampler (``safetyrepro.inference.generate._Sampler``).
+"""The temperature sampler (``safetyrepro.inference.sampling._Sampler``).
 
 On a CPU with ``top_p == 1`` rows are drawn one at a time with a two-level cumulative sum
 (``_draw_rows``); elsewhere the whole batch at once (``_draw_batch``). Both are inverse-CDF
