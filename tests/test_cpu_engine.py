@@ -15,7 +15,7 @@ import torch
 from safetyrepro.inference import generate, generate_multi_seed, score_candidates
 from safetyrepro.inference import attention
 from safetyrepro.inference.attention import NAME, engine_attention, shared_prefix
-from safetyrepro.inference.prefill import shares_prefix
+from safetyrepro.inference.capabilities import Capabilities
 from safetyrepro.models import format_prompt, load_model
 
 from numerics import (Trace, assert_sequences_agree, assert_within, attention_bound, logit_magnitude,
@@ -172,7 +172,7 @@ def _few_shot_prompts(lm, n=6):
 
 @pytest.mark.slow
 def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, monkeypatch):
-    assert lm.info["attention"] == NAME and shares_prefix(lm)
+    assert lm.info["attention"] == NAME and Capabilities.of(lm).detached_prefix
     calls = []
     real = attention._cascade
     monkeypatch.setattr(attention, "_cascade", lambda *a: calls.append(a[4].shape[1]) or real(*a))
@@ -187,7 +187,7 @@ def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, m
     monkeypatch.setattr(attention, "_cascade", real)
     lm.model.set_attn_implementation("sdpa")
     try:
-        assert not shares_prefix(lm)
+        assert not Capabilities.of(lm).detached_prefix
         with Trace().recording() as stock_trace:
             generate(lm, prompts, temperature=0, **kw)
             generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw)

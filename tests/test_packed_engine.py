@@ -16,7 +16,8 @@ from safetyrepro.config import load_config
 from safetyrepro.inference import (encode_pair, encode_prompt, generate, score_candidates,
                                    score_candidates_plain)
 from safetyrepro.inference.cache import ReservedLayer, fork_cache, reserve
-from safetyrepro.inference.prefill import build_prefix, packed_prefill_supported, prefill
+from safetyrepro.inference.capabilities import Capabilities
+from safetyrepro.inference.prefill import build_prefix, prefill
 from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, item_tree,
                                            pack_items, pack_rows, packed_supported,
                                            tree_columns)
@@ -196,16 +197,17 @@ def test_sliding_window_model_falls_back_beyond_the_window(gemma):
 @pytest.mark.slow
 def test_packed_prefill_equals_padded_prefill(cfg):
     lm = load_model(cfg, "smollm2-135m", quantization="fp32", device="cpu")
-    assert packed_prefill_supported(lm)
+    caps = Capabilities.of(lm)
+    assert caps.mask_4d
     prompts = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
                                             {"role": "user", "content": q}]) for q in QUESTIONS]
     seqs = [encode_prompt(lm.tokenizer, p) for p in prompts]
     with torch.inference_mode():
         for use_prefix in (True, False):
-            prefix = build_prefix(lm, seqs, enabled=use_prefix)
+            prefix = build_prefix(lm, seqs, caps, enabled=use_prefix)
             assert (len(prefix) > 0) == use_prefix
-            c1, m1, l1 = prefill(lm, prefix, seqs, packed=True)
-            c2, m2, l2 = prefill(lm, prefix, seqs, packed=False)
+            c1, m1, l1 = prefill(lm, prefix, seqs, caps, packed=True)
+            c2, m2, l2 = prefill(lm, prefix, seqs, caps, packed=False)
             assert torch.equal(m1, m2)
             # another packing is another order of the same sums: the model bound of
             # tests/numerics.py, scaled by each tensor's own magnitude (keys and values of
@@ -294,7 +296,7 @@ def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
     # Gemma-3, prompts inside its 512-token window: generation treats the sliding layers as full
     # attention (window_as_full: packed prefill, detached prefix); outside such a call the
     # model's sliding layers keep their own caches and packed prefill is refused
-    assert not packed_prefill_supported(gemma)
+    assert not Capabilities.of(gemma).mask_4d
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3)
@@ -349,15 +351,13 @@ def test_generation_past_the_sliding_window_equals_per_item_generate(gemma):
 @pytest.mark.slow
 def test_window_as_full_gives_the_sliding_model_stream_columns_with_the_same_outputs(gemma):
     from safetyrepro.inference.generate import generate_multi_seed
-    from safetyrepro.inference.cache import window_as_full
-    from safetyrepro.inference.prefill import shares_prefix
 
     window = gemma.model.config.get_text_config().sliding_window
-    with window_as_full(gemma, window) as on:
-        assert on and packed_prefill_supported(gemma) and shares_prefix(gemma)
-    with window_as_full(gemma, window + 1) as on:
-        assert not on and not packed_prefill_supported(gemma)
-    assert not packed_prefill_supported(gemma)  # the context is left behind
+    assert Capabilities.of(gemma, window) == Capabilities(mask_4d=True, detached_prefix=True,
+                                                          window_as_full=True)
+    assert Capabilities.of(gemma, window + 1) == Capabilities(False, False, False)
+    assert Capabilities.of(gemma, window, window_full=False) == Capabilities(False, False, False)
+    assert Capabilities.of(gemma) == Capabilities(False, False, False)  # length unknown
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     shapes, traces = {}, {}

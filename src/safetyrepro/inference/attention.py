@@ -31,7 +31,7 @@ combine with a prefix (per-head masks, position biases, soft-capping) raises ins
 silently dropping the prefix.
 
 Only for models whose layers all attend fully: sliding-window layers would need the prefix
-cut to their window (:func:`.prefill.shares_prefix` decides; the engine keeps the prefix in
+cut to their window (:attr:`.capabilities.Capabilities.detached_prefix` decides; the engine keeps the prefix in
 the batch caches otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
 accepts :data:`NAME` too (:data:`SDPA_LIKE`).
 """

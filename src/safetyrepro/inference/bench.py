@@ -31,6 +31,7 @@ def measure_speed(lm, *, batch_size: int = 16, prompt_tokens: int = 256,
     import torch
 
     from .encoding import encode_prompt
+    from .capabilities import Capabilities
     from .decode import decode_rows
     from .prefill import Prefix, prefill
     from .sampling import _Sampler
@@ -43,7 +44,7 @@ def measure_speed(lm, *, batch_size: int = 16, prompt_tokens: int = 256,
     with torch.inference_mode():
         for _ in range(repeats):
             t0 = time.perf_counter()
-            cache, mask, logits = prefill(free, Prefix([], None), enc)
+            cache, mask, logits = prefill(free, Prefix([], None), enc, Capabilities.of(free))
             t1 = time.perf_counter()
             decode_rows(free, cache, mask, logits, _Sampler(0.0, 1.0, 0, prompts),
                     max_new_tokens=new_tokens, n_prompt=[len(e) for e in enc], t0=t1)

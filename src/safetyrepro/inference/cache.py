@@ -14,51 +14,25 @@ pressure); forks of reserved layers copy their buffers. Finished rows leave a re
 in place (:func:`drop_rows`).
 
 Sliding windows as full attention. A sliding-window layer (Gemma-3: 512 positions) attends
-exactly like a full-attention layer as long as no query is a window or more past a key. Inside
-:func:`window_as_full` ``(lm, max_positions)`` (entered by a generation call whose prompts
+exactly like a full-attention layer as long as no query is a window or more past a key. For a
+call whose capabilities say so (:attr:`.capabilities.Capabilities.window_as_full`: prompts
 plus new tokens stay within the window) caches are built with full layers only, so packed
 prefill, the detached prefix and stream columns (whose cache rows hold more columns than
-positions) work on such models too; outside it, or for longer calls, the sliding layers keep
-their own caches.
+positions) work on such models too; for longer calls the sliding layers keep their own caches.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 
 import torch
 
-_WINDOW_AS_FULL = contextvars.ContextVar("safetyrepro_window_as_full", default=None)
-
-
-@contextlib.contextmanager
-def window_as_full(lm, max_positions: int):
-    """Within this context, treat ``lm``'s sliding-window layers as full attention if every
-    position of the work inside stays below the window (``max_positions <= window``: prompt
-    length plus new tokens); yields whether it does. Only for models whose other layers attend
-    fully and whose attention takes 4D masks (:func:`.packing.packed_supported`)."""
-    from .packing import packed_supported, sliding_window
-
-    window = sliding_window(lm.model.config)
-    on = window is not None and 0 < int(max_positions) <= window and packed_supported(lm, window)
-    token = _WINDOW_AS_FULL.set(lm.model if on else None)
-    try:
-        yield on
-    finally:
-        _WINDOW_AS_FULL.reset(token)
-
-
-def _windows_full(lm) -> bool:
-    return _WINDOW_AS_FULL.get() is lm.model
-
-
-def new_cache(lm):
+def new_cache(lm, caps=None):
     """An empty cache for ``lm``: layer kinds from its config (sliding-window layers keep their
-    window), or full layers only inside :func:`window_as_full`."""
+    window), or full layers only when ``caps`` (:class:`.capabilities.Capabilities`) treats the
+    windows as full attention."""
     from transformers import DynamicCache
-    if _windows_full(lm):
+    if caps is not None and caps.window_as_full:
         return DynamicCache()
     return DynamicCache(config=lm.model.config)
 

@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 
@@ -37,10 +36,11 @@ import torch
 from ..errors import CellError
 from .batching import BatchRecord, Progress, run_with_oom_fallback
 from .decode import Generation, decode_rows, decode_stream_columns
-from .cache import fork_cache, window_as_full
+from .cache import fork_cache
+from .capabilities import Capabilities
 from .encoding import encode_prompt
 from .memory import MemoryBudget, ModelDims, budget_for, generation_footprint, plan_batches
-from .prefill import build_prefix, packed_prefill_supported, prefill
+from .prefill import build_prefix, prefill
 from .sampling import Stream, _Sampler
 from .store import PrefillStore
 
@@ -101,7 +101,8 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
 
     ``window_full``: on a model with sliding-window layers, a call whose longest prompt plus
     ``max_new_tokens`` fits in the window runs them as full attention
-    (:func:`.cache.window_as_full`; same outputs up to summation order, tested).
+    (:attr:`.capabilities.Capabilities.window_as_full`; same outputs up to summation order,
+    tested).
 
     Batches hold at most ``batch_size`` prompts and, within that, as many as fit the memory
     ``budget`` by their estimated footprint (:mod:`.memory`; default: the budget of ``lm``'s
@@ -124,16 +125,15 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     results: list[dict[int, Generation]] = [{} for _ in streams]
     # A sliding-window model (Gemma-3) attends fully when the whole call stays inside its
     # window: then it gets packed prefill, the detached prefix and stream columns too.
-    within = window_as_full(lm, max(len(e) for e in enc) + max_new_tokens) if window_full \
-        else contextlib.nullcontext(False)
+    caps = Capabilities.of(lm, max(len(e) for e in enc) + max_new_tokens, window_full=window_full)
     try:
-        with torch.inference_mode(), within:
-            prefix = build_prefix(lm, enc, enabled=prefix_cache, store=store)
-            columns = stream_columns and k > 1 and packed_prefill_supported(lm)
+        with torch.inference_mode():
+            prefix = build_prefix(lm, enc, caps, enabled=prefix_cache, store=store)
+            columns = stream_columns and k > 1 and caps.mask_4d
 
             def run(rows: list[int]) -> dict:
                 t0 = time.perf_counter()
-                cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows], store=store)
+                cache, mask, logits = prefill(lm, prefix, [enc[i] for i in rows], caps, store=store)
                 t_pre = time.perf_counter() - t0
                 # All streams decode together, stream-major (row s * n + j = stream s of
                 # prompt j): either as columns of one cache row per prompt (the prompt's

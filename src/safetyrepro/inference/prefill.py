@@ -12,14 +12,14 @@ fp32 by the tests). On sliding-window layers, padding occupies window slots (as 
 left-padded batch), which can only matter for prompts longer than the window (512 for Gemma-3).
 
 Detached prefix. Where the model runs the engine's attention on full-attention layers only
-(:func:`shares_prefix`: the embedded SmolLM2 and Qwen on a CPU), the prefix is not copied
+(:attr:`.capabilities.Capabilities.detached_prefix`: the embedded SmolLM2 and Qwen on a CPU), the prefix is not copied
 into the batches at all: a batch cache and its mask cover the row's own columns
 ``[pads][suffix][generated]``, position ids start at the prefix length (:attr:`Prefix.offset`),
 and every :func:`forward` given the :class:`Prefix` attends to its keys/values, stored once
 (:mod:`.attention`). Same results up to summation order (tested against the copied layout).
 
 Packed prefill. Where the model allows an arbitrary 4D mask and has no sliding-window layers
-(:func:`packed_prefill_supported`), :func:`prefill` runs a batch's suffixes packed into dense
+(:attr:`.capabilities.Capabilities.mask_4d`), :func:`prefill` runs a batch's suffixes packed into dense
 rows under a block-diagonal mask (no padding computed) and then gathers the keys/values into
 the per-sequence ``[prefix][pads][suffix]`` layout (:func:`prefill_packed`).
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import NAME as ATTENTION
-from .attention import attn_implementation, shared_prefix
-from .cache import _windows_full, fork_cache, new_cache
+from .attention import shared_prefix
+from .capabilities import Capabilities
+from .cache import fork_cache, new_cache
 from .encoding import common_prefix_len
 from .store import PrefillStore, _nbytes
 
@@ -74,13 +74,6 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return out.logits
 
 
-def shares_prefix(lm) -> bool:
-    """Whether ``lm`` runs the engine's attention (:data:`.attention.NAME`) on layers that all
-    attend fully (sliding-window layers: inside :func:`window_as_full`), so a batch can attend
-    to a shared prefix kept outside its cache."""
-    return attn_implementation(lm.model) == ATTENTION and packed_prefill_supported(lm)
-
-
 def positions(mask: torch.Tensor, last: int, offset: int = 0) -> torch.Tensor:
     """Position ids of the last ``last`` columns of a 0/1 mask: real tokens count ``offset``,
     ``offset + 1``, ... (``offset``: the length of a detached prefix the mask does not cover);
@@ -97,7 +90,7 @@ class Prefix:
     ``detached``: batches do not copy the prefix into their caches; their caches and masks
     cover their own columns only (``[pads][suffix]...``), position ids start at ``len(prefix)``
     and every forward attends to the prefix through :func:`forward` (models where
-    :func:`shares_prefix`). Otherwise each batch starts from a fork of :attr:`cache` expanded
+    ``detached_prefix``). Otherwise each batch starts from a fork of :attr:`cache` expanded
     to its rows (``[prefix][pads][suffix]``)."""
     ids: list[int]
     cache: object | None  # cache of ``ids`` for batch size 1; None when there is no prefix
@@ -122,18 +115,19 @@ class Prefix:
         return got
 
 
-def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True,
+def build_prefix(lm, seqs: list[list[int]], caps: Capabilities, *, enabled: bool = True,
                  store: PrefillStore | None = None) -> Prefix:
-    """Prefill the token prefix shared by all ``seqs`` once (see the module docstring). Every
-    sequence keeps at least one token of its own after the prefix. With a ``store``, a prefix
-    already computed on this model is taken from it."""
+    """Prefill the token prefix shared by all ``seqs`` once (see the module docstring), laid
+    out as the call's capabilities ``caps`` say. Every sequence keeps at least one token of its
+    own after the prefix. With a ``store``, a prefix already computed on this model is taken
+    from it."""
     if not enabled or len(seqs) < 2:
         return Prefix([], None)
     n = min(common_prefix_len(seqs), min(len(s) for s in seqs) - 1)
     if n < MIN_PREFIX:
         return Prefix([], None)
     ids = seqs[0][:n]
-    key = ("prefix", shares_prefix(lm), _windows_full(lm), tuple(ids))
+    key = ("prefix", caps.detached_prefix, caps.window_as_full, tuple(ids))
     if store is not None:
         got = store.get(key)
         if got is not None:
@@ -141,34 +135,35 @@ def build_prefix(lm, seqs: list[list[int]], *, enabled: bool = True,
     dev = lm.device
     inp = torch.tensor([ids], dtype=torch.long, device=dev)
     mask = torch.ones_like(inp)
-    cache = new_cache(lm)
+    cache = new_cache(lm, caps)
     forward(lm, inp, mask, positions(mask, n), cache, logits_to_keep=1)
-    prefix = Prefix(ids, cache, detached=shares_prefix(lm))
+    prefix = Prefix(ids, cache, detached=caps.detached_prefix)
     if store is not None:
         store.put(key, prefix, _nbytes(cache))
     return prefix
 
 
-def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True,
-            store: PrefillStore | None = None):
+def prefill(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities, *,
+            packed: bool = True, store: PrefillStore | None = None):
     """Run ``seqs`` (each starting with ``prefix.ids``) as one left-padded batch on top of the
     prefix cache. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 attention
     mask over all cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix: the
     rows' own columns) and the float32 logits of each row's last token ``[B, V]``.
 
-    With ``packed`` (and where :func:`packed_prefill_supported`), the suffixes are computed
+    With ``packed`` (and where ``caps.mask_4d``), the suffixes are computed
     without padding (:func:`prefill_packed`); the returned cache and mask have the same layout
     either way. With a ``store``, the same batch prefilled before on this model (same token
     ids, same prefix) is taken from it; callers must not write into the returned cache."""
     if store is not None:
-        key = ("batch", len(prefix), prefix.detached, _windows_full(lm), packed, tuple(map(tuple, seqs)))
+        key = ("batch", len(prefix), prefix.detached, caps.window_as_full, packed,
+               tuple(map(tuple, seqs)))
         got = store.get(key)
         if got is None:
-            got = prefill(lm, prefix, seqs, packed=packed)
+            got = prefill(lm, prefix, seqs, caps, packed=packed)
             store.put(key, got, _nbytes(*got))
         return got
-    if packed and len(seqs) > 1 and packed_prefill_supported(lm):
-        return prefill_packed(lm, prefix, seqs)
+    if packed and len(seqs) > 1 and caps.mask_4d:
+        return prefill_packed(lm, prefix, seqs, caps)
     dev = lm.device
     p = len(prefix)
     suffixes = [s[p:] for s in seqs]
@@ -182,28 +177,16 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], *, packed: bool = True,
             smask[i, width - len(s):] = 1
     inp = inp.to(dev)
     if prefix.detached:
-        mask, cache = smask.to(dev), new_cache(lm)
+        mask, cache = smask.to(dev), new_cache(lm, caps)
     else:
         mask = torch.cat([torch.ones((len(seqs), p), dtype=torch.long), smask], dim=1).to(dev)
-        cache = fork_cache(prefix.cache, expand=len(seqs)) if p else new_cache(lm)
+        cache = fork_cache(prefix.cache, expand=len(seqs)) if p else new_cache(lm, caps)
     logits = forward(lm, inp, mask, positions(mask, width, prefix.offset), cache,
                      logits_to_keep=1, prefix=prefix)
     return cache, mask, logits[:, -1, :].float()
 
 
-def packed_prefill_supported(lm) -> bool:
-    """Packed prefill needs what packed scoring needs (an attention implementation taking a
-    4D mask, boolean ``logits_to_keep``) and plain per-layer caches: on sliding-window layers
-    the cache keeps only the last window of the packed row, which would mix items (so only
-    inside :func:`window_as_full` on models that have them)."""
-    from .packing import packed_supported, sliding_window
-
-    if not packed_supported(lm, 1):
-        return False
-    return sliding_window(lm.model.config) is None or _windows_full(lm)
-
-
-def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
+def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities):
     """:func:`prefill` without padding: the suffixes are packed first-fit-decreasing into
     rows (:func:`.packing.pack_rows`) under a block-diagonal causal mask
     (each suffix sees the prefix and itself only, with its own position ids), run in one
@@ -243,7 +226,7 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]]):
         allowed = torch.cat([real[:, :, None].expand(n_rows, width, q), new], dim=2)
         cache = fork_cache(prefix.cache, expand=n_rows)
     else:
-        allowed, cache = new, new_cache(lm)
+        allowed, cache = new, new_cache(lm, caps)
     logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
                      logits_to_keep=keep.to(dev), prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
