@@ -52,15 +52,16 @@ def _run(setup, benchmark, cell, seed=0, name=None):
 
 
 def _count_streams(monkeypatch) -> list[int]:
-    """The number of streams of every generate_streams call from now on."""
-    import safetyrepro.inference as inference
+    """The number of streams of every generate_streams call from now on (the engine function
+    the cells' :class:`~safetyrepro.inference.backend.EngineBackend` calls)."""
+    import safetyrepro.inference.backend as backend
 
-    calls, orig = [], inference.generate_streams
+    calls, orig = [], backend.generate_streams
 
     def counting(*a, **kw):
         calls.append(len(a[2]))
         return orig(*a, **kw)
-    monkeypatch.setattr(inference, "generate_streams", counting)
+    monkeypatch.setattr(backend, "generate_streams", counting)
     return calls
 
 
