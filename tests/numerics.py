@@ -259,15 +259,6 @@ class Trace:
     def __init__(self):
         self.sequences: dict[Key, list[Sequence]] = defaultdict(list)
 
-    def new(self, key: Key) -> Sequence:
-        seq = Sequence(key)
-        self.sequences[key].append(seq)
-        return seq
-
-    def pending(self, key: Key) -> Sequence:
-        """A sequence not yet in ``sequences``; :meth:`record` adds it."""
-        return Sequence(key)
-
     def record(self, seq: Sequence) -> None:
         self.sequences[seq.key].append(seq)
 
@@ -287,7 +278,7 @@ class Trace:
             init(self, temperature, top_p, seed, prompts, seeds, **kw)
             row_seeds = seeds if seeds is not None else [seed] * len(prompts)
             self._trace_seqs = [
-                trace.pending(Key(t, p if t > 0 else 1.0, int(s) if t > 0 else None, pr))
+                Sequence(Key(t, p if t > 0 else 1.0, int(s) if t > 0 else None, pr))
                 for t, p, s, pr in zip(self.temps, self.top_ps, row_seeds, prompts)]
 
         def uniforms_w(self, active):

@@ -214,11 +214,14 @@ def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monke
         assert not is_worker_process(pid), f"worker {pid} of job {job_id} still runs"
     assert sum(n_cells.values()) == len(shards)
 
-    # two group jobs of different models ran at the same time, on different GPUs, each with
-    # its own worker (distinct pid, its own allocation's state dir)
+    # two group jobs ran at the same time, on different GPUs, each with its own worker
+    # (distinct pid, its own allocation's state dir). Which models they belong to is up to the
+    # scheduler: the model priorities put a model's groups first, so with two GPUs the first
+    # pair is often two groups of one model (CI, 2026-12-02); that different models' jobs
+    # overlap is therefore not asserted here (issue 17 note).
     overlapping = [
         (a, b) for a in jobs for b in jobs
-        if a < b and jobs[a][0] != jobs[b][0]
+        if a < b
         and scontrol_epoch(jobs[a][2]["StartTime"]) < scontrol_epoch(jobs[b][2]["EndTime"])
         and scontrol_epoch(jobs[b][2]["StartTime"]) < scontrol_epoch(jobs[a][2]["EndTime"])
     ]
