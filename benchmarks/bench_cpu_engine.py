@@ -10,7 +10,7 @@ of the default config through ``run_cell`` (what the worker runs), alternating:
   (``safetyrepro.models.nf4``) and the engine's attention with the shared prefix detached from
   the batch caches (``safetyrepro.inference.attention``).
 
-Everything else (batching, packed prefill and scoring, seed columns, reserved caches) is the
+Everything else (batching, packed prefill and scoring, stream columns, reserved caches) is the
 same code in both. Reports per (model, cell) the median seconds of each, the ratio, and how
 many outputs are identical (free-form: the texts of every seed; logprob: the chosen answer).
 The two compute the same model up to summation order, except that on CPUs with AVX512-BF16

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from safetyrepro.inference import generate, generate_multi_seed, generate_streams
-    from safetyrepro.inference.kvcache import PrefillStore
+    from safetyrepro.inference.store import PrefillStore
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
     from safetyrepro.perf.workload import group_cases, group_comparison

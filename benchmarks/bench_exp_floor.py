@@ -1,6 +1,6 @@
 """Benchmark 8: the sampler's exponent floor (no subnormal floats) on whole decode groups.
 
-``safetyrepro.inference.generate._Sampler._draw_rows`` clamps each row's shifted, scaled logits
+``safetyrepro.inference.sampling._Sampler._draw_rows`` clamps each row's shifted, scaled logits
 at ``EXP_FLOOR`` (-87) before ``exp_``: below that the float32 result is subnormal, which x86
 CPUs compute ~75x slower. This times one decode group (greedy + T=0.3 x 5 seeds + T=0.7 x 5
 seeds, ``generate_streams``, as the worker runs it) of a (model, benchmark, template, shots)
@@ -35,12 +35,12 @@ def main(argv=None) -> int:
     import importlib
 
     from safetyrepro.inference import generate_streams
-    from safetyrepro.inference.kvcache import PrefillStore
+    from safetyrepro.inference.store import PrefillStore
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
     from safetyrepro.perf.workload import group_cases, group_comparison
 
-    gen_mod = importlib.import_module("safetyrepro.inference.generate")  # the module, not the function
+    gen_mod = importlib.import_module("safetyrepro.inference.sampling")
     shipped = gen_mod.EXP_FLOOR
     rows, records = [], []
     try:

@@ -4,9 +4,9 @@ Both variants prefill each batch once and decode all five seeds of a sampled con
 forward per step (``safetyrepro.inference.generate_multi_seed``); they differ in how the
 seeds share the prompt's keys/values during decoding:
 
-* rows:    the prefilled cache rows are repeated once per seed (``seed_columns=False``);
+* rows:    the prefilled cache rows are repeated once per seed (``stream_columns=False``);
 * columns: each prompt keeps ONE cache row and its seeds are columns of it under a 4D mask
-           (``seed_columns=True``, the default where the model allows it).
+           (``stream_columns=True``, the default where the model allows it).
 
 Runs the default config's real sampled cells through ``run_cell`` (same prompts, same model
 as the workflow; quantization as configured), alternating the two variants, and reports the
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
 
     def runner(cell: str, columns: bool):
         def run():
-            inference.generate_multi_seed = functools.partial(generate_multi_seed, seed_columns=columns)
+            inference.generate_multi_seed = functools.partial(generate_multi_seed, stream_columns=columns)
             try:
                 texts = []
                 for s in range(n_seeds):

@@ -12,7 +12,7 @@ alternately:
 * seeds share the prefill: ``generate_multi_seed(seeds, prefix_cache=False)``
 * both (what cells run):  ``generate_multi_seed(seeds)``
 
-The two multi-seed variants decode with the repeated-rows layout (``seed_columns=False``), as
+The two multi-seed variants decode with the repeated-rows layout (``stream_columns=False``), as
 the per-seed variants do, so the comparison isolates the prefill; decoding a prompt's seeds
 as columns of one cache row (what cells now run on long prompts) is benchmark 3b,
 ``bench_seed_columns.py``.
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         # repeated-rows decode layout, as in the per-seed variants, so that only the prefill
         # differs (seed columns change the decode layout; bench_seed_columns.py measures them)
         return lambda: generate_multi_seed(lm, prompts, seeds, prefix_cache=prefix,
-                                           seed_columns=False, **kw)
+                                           stream_columns=False, **kw)
 
     variants = {"recompute everything": per_seed(False), "shared prefix only": per_seed(True),
                 "seeds share the prefill": multi(False), "both (cells)": multi(True)}

@@ -5,6 +5,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# The workflow runs in these tests take a device lock like any run. Without this, a user's own
+# `make run` on the same machine holds this node's default lock folder for hours and every
+# test worker would wait for it (up to its --device-wait); the tests get a lock folder of their
+# own (mkdtemp: 0700) unless the caller names one.
+if not os.environ.get("SAFETYREPRO_DEVICE_LOCK_DIR"):
+    import atexit
+    import shutil
+    import tempfile
+
+    _locks = tempfile.mkdtemp(prefix="safetyrepro-test-devices-")
+    os.environ["SAFETYREPRO_DEVICE_LOCK_DIR"] = _locks
+    atexit.register(shutil.rmtree, _locks, True)
 SHARED_DATA = ROOT.parent / "shared" / "data" / "benchmarks"
 
 

@@ -269,7 +269,7 @@ class Trace:
 
     @contextlib.contextmanager
     def recording(self):
-        from safetyrepro.inference.generate import _Sampler
+        from safetyrepro.inference.sampling import _Sampler
 
         init, call, uniforms = _Sampler.__init__, _Sampler.__call__, _Sampler._uniforms
         trace = self

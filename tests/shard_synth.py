@@ -83,7 +83,8 @@ def write_cell(plan: Plan, model: str, benchmark: str, config_id: str, seed: int
         config_hash=cfg.hash, subset_hash=items_meta["subset_hash"], items_content_hash=items_meta.get("content_hash"), fewshot_ids=[], fewshot_hash=None,
         fingerprint=plan.cell_fingerprint(model, benchmark, config_id, seed, variant),
         parser_version=task.parser_version, model_info={"weights_hash": "synthetic"},
-        quantization=plan.quantization(model, variant), device="cpu", code_version={},
+        quantization=plan.quantization(model, variant), device="cpu",
+        batching={"oom_splits": [], "plans": []}, code_version={},
         n_items=len(rows), wall_s=0.0)
     fields.update(meta_over)
     out = plan.shard_path(model, benchmark, config_id, seed, variant)

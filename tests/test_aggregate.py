@@ -131,13 +131,28 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
     from safetyrepro.provenance import code_version, format_code_version
 
     plan = fresh
-    write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version())
+    plan_rec = {"what": "generation", "batch_size_cap": 8, "batches": [{"prompts": 5}, {"prompts": 3}]}
+    split = {"what": "generation", "batch_size": 5, "first_item": 0, "into": [3, 2], "error": "oom"}
+    write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version(),
+               batching={"oom_splits": [split], "plans": [plan_rec]},
+               model_info={"weights_hash": "synthetic", "dtype": "float32", "torch_version": "9.9"})
+    with pytest.raises(ShardError, match="different dtype"):  # the other m-nf4 shards record none
+        write_aggregate(plan, "main", tmp_path)
+    write_all(plan)
+    write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version(),
+               batching={"oom_splits": [split], "plans": [plan_rec]})
     paths = write_aggregate(plan, "main", tmp_path)
     assert paths == {k: str(v) for k, v in aggregate_outputs(tmp_path, "main").items()}
     assert all((tmp_path / p).exists() for p in paths.values())
     prov = json.loads((tmp_path / "provenance.json").read_text())
     rec = prov["m-nf4"]["truthfulqa"]
     assert rec["quantization"] == "nf4" and rec["weights_hash"] == "synthetic"
+    # what the GRID card discloses besides: chat template, numerics, the batch plans and OOM splits
+    assert "chat_template_hash" in rec and rec["chat_template_hash"] is None  # synthetic shards: none
+    assert rec["numerics"] == {f: None for f in ("dtype", "nf4_matmul", "attention", "torch_version",
+                                                 "transformers_version", "bitsandbytes_version")}
+    assert rec["batching"] == {"batch_size_caps": [8], "largest_batch_prompts": 5, "memory_plans": 1,
+                               "oom_splits": 1}
     # one code version per distinct record: the synthetic shards' empty one and the current one
     assert format_code_version(code_version()) in rec["code_version"].split(", ")
     assert set(prov) == {"m-nf4", "m-bf16"}

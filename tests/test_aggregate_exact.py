@@ -87,7 +87,8 @@ def _write_shards(plan) -> None:
             config_hash=plan.cfg.hash, subset_hash=im["subset_hash"], items_content_hash=im.get("content_hash"), fewshot_ids=[], fewshot_hash=None,
             fingerprint=plan.cell_fingerprint(j.model, j.benchmark, c.id, j.seed),
             parser_version=task.parser_version, model_info={"weights_hash": "w"}, quantization="fp32",
-            device="cpu", code_version=code_version(), n_items=len(rows), wall_s=0.0)
+            device="cpu", batching={"oom_splits": [], "plans": []}, code_version=code_version(),
+            n_items=len(rows), wall_s=0.0)
         write_shard(plan.shard_path(j.model, j.benchmark, c.id, j.seed), rows, meta)
 
 

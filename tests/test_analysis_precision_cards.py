@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from analysis_synth import hand_cells, hand_meta, write_hand
-from safetyrepro.analysis.cards import build_cards, load_provenance, verdict, write_cards
+from safetyrepro.analysis.cards import build_cards, card_markdown, load_provenance, verdict, write_cards
 from safetyrepro.analysis.common import weak_ranks
 from safetyrepro.analysis.precision import precision_check, write_precision_check
 from safetyrepro.errors import ConfigError, DataError
@@ -118,6 +118,21 @@ def test_cards_content():
     # C's view of B: behind in K1, ahead in K2, tied K3 -> flips, rho 1/3
     assert (c["B"]["n_ahead"], c["B"]["n_behind"]) == (1, 1) and c["B"]["rho_flip"] == pytest.approx(1 / 3)
     assert c["B"]["verdict"].startswith("flips: C ahead in 1, behind in 1")
+
+
+def test_cards_disclose_chat_template_numerics_and_batches():
+    rec = {"chat_template_hash": "c" * 64, "numerics": {"dtype": "bfloat16", "attention": "sdpa"},
+           "batching": {"batch_size_caps": [32], "largest_batch_prompts": 12, "memory_plans": 4,
+                        "oom_splits": 2}}
+    a = {c["model"]: c for c in build_cards(card_cells(), provenance(**rec), hand_meta())}["A"]
+    assert a["chat_template_hash"] == "c" * 64 and a["batching"]["oom_splits"] == 2
+    md = card_markdown(a)
+    assert f"| chat template | `{'c' * 64}` |" in md
+    assert "| numerics | dtype bfloat16; attention sdpa |" in md
+    assert "batch_size cap 32; largest planned batch 12 prompts over 4 memory plans; out-of-memory splits 2" in md
+    # a provenance file from elsewhere without them: the card says so instead of dropping the rows
+    md = card_markdown({c["model"]: c for c in build_cards(card_cells(), provenance(), hand_meta())}["A"])
+    assert "| chat template | not recorded |" in md and "| batches | not recorded |" in md
 
 
 def test_cards_input_errors():

@@ -52,15 +52,16 @@ def _run(setup, benchmark, cell, seed=0, name=None):
 
 
 def _count_streams(monkeypatch) -> list[int]:
-    """The number of streams of every generate_streams call from now on."""
-    import safetyrepro.inference as inference
+    """The number of streams of every generate_streams call from now on (the engine function
+    the cells' :class:`~safetyrepro.inference.backend.EngineBackend` calls)."""
+    import safetyrepro.inference.backend as backend
 
-    calls, orig = [], inference.generate_streams
+    calls, orig = [], backend.generate_streams
 
     def counting(*a, **kw):
         calls.append(len(a[2]))
         return orig(*a, **kw)
-    monkeypatch.setattr(inference, "generate_streams", counting)
+    monkeypatch.setattr(backend, "generate_streams", counting)
     return calls
 
 
@@ -93,6 +94,14 @@ def test_cell_shard_schema_and_metadata(setup, benchmark, cell):
     assert meta["model_info"]["transformers_version"] and "bitsandbytes_version" in meta["model_info"]
     assert len(meta["fewshot_ids"]) == int(cell.split("-")[2][1:])
     assert meta["variant"] == "main" and meta["parser_version"] == load_task(benchmark).parser_version
+    # what the engine decided about the cell's batches: nothing ran out of memory here, and a
+    # free-form cell's decode group was planned once over the cell's two prompts
+    assert meta["batching"]["oom_splits"] == []
+    gen_plans = [p for p in meta["batching"]["plans"] if p["what"] == "generation"]
+    if cell.endswith("freeform"):
+        assert len(gen_plans) == 1 and sum(b["prompts"] for b in gen_plans[0]["batches"]) == 2
+    else:
+        assert gen_plans == []
     rows = table.to_pylist()
     if cell.endswith("logprob"):
         for r in rows:

@@ -15,7 +15,7 @@ import torch
 from safetyrepro.inference import generate, generate_multi_seed, score_candidates
 from safetyrepro.inference import attention
 from safetyrepro.inference.attention import NAME, engine_attention, shared_prefix
-from safetyrepro.inference.kvcache import shares_prefix
+from safetyrepro.inference.capabilities import Capabilities
 from safetyrepro.models import format_prompt, load_model
 
 from numerics import (Trace, assert_sequences_agree, assert_within, attention_bound, logit_magnitude,
@@ -71,7 +71,7 @@ def _case(b, hkv, groups, q, p, own, d=16, dtype=torch.float32, seed=0):
 
 @pytest.mark.parametrize("b,hkv,groups,q,p,own", [
     (4, 3, 3, 1, 40, 9),     # plain decode step: one query per row
-    (3, 3, 3, 5, 40, 20),    # seed columns: five queries per row
+    (3, 3, 3, 5, 40, 20),    # stream columns: five queries per row
     (2, 2, 7, 12, 25, 30),   # prefill of a packed row (Qwen-like grouping)
     (2, 1, 4, 3, 10, 8),     # one key/value head (Gemma-like grouping)
 ])
@@ -172,7 +172,7 @@ def _few_shot_prompts(lm, n=6):
 
 @pytest.mark.slow
 def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, monkeypatch):
-    assert lm.info["attention"] == NAME and shares_prefix(lm)
+    assert lm.info["attention"] == NAME and Capabilities.of(lm).detached_prefix
     calls = []
     real = attention._cascade
     monkeypatch.setattr(attention, "_cascade", lambda *a: calls.append(a[4].shape[1]) or real(*a))
@@ -187,7 +187,7 @@ def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, m
     monkeypatch.setattr(attention, "_cascade", real)
     lm.model.set_attn_implementation("sdpa")
     try:
-        assert not shares_prefix(lm)
+        assert not Capabilities.of(lm).detached_prefix
         with Trace().recording() as stock_trace:
             generate(lm, prompts, temperature=0, **kw)
             generate_multi_seed(lm, prompts, [0, 1, 2], temperature=0.7, **kw)
@@ -273,7 +273,7 @@ def test_nf4_model_on_cpu_is_dequantized_once_and_records_it(cfg):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_prefill_store_serves_later_calls_with_the_same_prompts(lm):
-    from safetyrepro.inference.kvcache import PrefillStore
+    from safetyrepro.inference.store import PrefillStore
 
     prompts = _few_shot_prompts(lm)
     kw = dict(max_new_tokens=6, batch_size=4)
@@ -303,7 +303,7 @@ def test_prefill_store_serves_later_calls_with_the_same_prompts(lm):
 
 
 def test_prefill_store_keeps_within_its_byte_budget_oldest_out():
-    from safetyrepro.inference.kvcache import PrefillStore
+    from safetyrepro.inference.store import PrefillStore
 
     store = PrefillStore(max_bytes=100)
     store.put("a", 1, 40)

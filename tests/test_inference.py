@@ -21,7 +21,7 @@ from safetyrepro.inference import (check_finite, encode_pair, encode_prompt, gen
                                    generate_multi_seed, score_candidates, score_candidates_plain)
 from safetyrepro.inference.batching import Progress, length_batches, run_with_oom_fallback
 from safetyrepro.inference.encoding import common_prefix_len, split_trailing_space
-from safetyrepro.inference.generate import item_seed
+from safetyrepro.inference.sampling import item_seed
 from safetyrepro.models import format_prompt, load_model
 
 from inference_support import fed_shapes, reference_greedy
@@ -188,7 +188,7 @@ def test_multi_seed_prefill_reuse_equals_separate_runs(lm):
 def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
     """A decode group (greedy + two temperatures, several seeds, one nucleus stream) prefills
     once and decodes every sequence in one forward per step; in fp32 each stream's tokens
-    equal a separate call's, with seed columns and with repeated rows."""
+    equal a separate call's, with stream columns and with repeated rows."""
     from safetyrepro.inference import Stream, generate_streams
 
     prompts = _prompts(lm)
@@ -200,7 +200,7 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
             generate(lm, prompts, temperature=st.temperature, top_p=st.top_p, seed=st.seed, **kw)
     for columns in (True, False):
         with fed_shapes(lm) as fed, Trace().recording() as trace:
-            got = generate_streams(lm, prompts, streams, seed_columns=columns, **kw)
+            got = generate_streams(lm, prompts, streams, stream_columns=columns, **kw)
         assert len(got) == len(streams)
         for st, g in zip(streams, got):
             assert [x.token_ids for x in g] == [trace.get(st.temperature, p, st.seed, st.top_p)[0].tokens
@@ -215,14 +215,14 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
         generate_streams(lm, prompts, [Stream(-1.0)], **kw)
 
 
-def test_seed_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
+def test_stream_columns_equal_repeated_rows_and_store_each_prompt_once(lm):
     prompts = _prompts(lm)
     seeds = [0, 1, 2, 3, 4]
     kw = dict(max_new_tokens=4, temperature=0.7, top_p=0.95, batch_size=4)
     with fed_shapes(lm) as shapes, Trace().recording() as cols_trace:
-        cols = generate_multi_seed(lm, prompts, seeds, seed_columns=True, **kw)
+        cols = generate_multi_seed(lm, prompts, seeds, stream_columns=True, **kw)
     with Trace().recording() as rows_trace:
-        rows = generate_multi_seed(lm, prompts, seeds, seed_columns=False, **kw)
+        rows = generate_multi_seed(lm, prompts, seeds, stream_columns=False, **kw)
     parted = assert_sequences_agree(cols_trace, rows_trace, model_rel_tol(lm))
     for s in seeds:
         for p, c, r in zip(prompts, cols[s], rows[s]):
@@ -395,6 +395,8 @@ def test_empty_candidate_or_prompt_is_rejected(lm):
 
 
 def test_out_of_memory_halves_the_batch_then_fails_clearly():
+    from safetyrepro.inference.batching import Split
+
     calls = []
 
     def fn(rows):
@@ -403,11 +405,144 @@ def test_out_of_memory_halves_the_batch_then_fails_clearly():
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return {r: r * 10 for r in rows}
 
-    assert run_with_oom_fallback([0, 1, 2, 3], fn, what="test", device="cuda",
-                                 n_tokens=len) == {0: 0, 1: 10, 2: 20, 3: 30}
-    assert calls == [[0, 1, 2, 3], [0, 1], [2, 3]]
+    splits: list[Split] = []
+    assert run_with_oom_fallback([0, 1, 2, 3, 6], fn, what="test", device="cuda",
+                                 n_tokens=len, splits=splits) == {0: 0, 1: 10, 2: 20, 3: 30, 6: 60}
+    # halves run in order, the first half split further before the second runs
+    assert calls == [[0, 1, 2, 3, 6], [0, 1], [2, 3, 6], [2], [3, 6]]
+    assert [(s.rows, s.into) for s in splits] == [((0, 1, 2, 3, 6), (2, 3)), ((2, 3, 6), (1, 2))]
+    assert splits[0].as_dict()["batch_size"] == 5 and "out of memory" in splits[0].error
     with pytest.raises(CellError, match="out of memory on cuda during test even at batch size 1"):
         run_with_oom_fallback([4, 5], fn, what="test", device="cuda", n_tokens=len)
     with pytest.raises(RuntimeError, match="boom"):
         run_with_oom_fallback([1], lambda r: (_ for _ in ()).throw(RuntimeError("boom")),
                               what="t", device="cpu", n_tokens=len)
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    out = []
+    for layer in cache.layers:
+        for name in ("_k", "_v", "keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_out_of_memory_frees_the_failed_batch_before_the_retry_and_changes_no_output(lm, columns):
+    """An out-of-memory error injected at a decode step of a batch of more than 3 prompts
+    (its KV cache built and reserved): the batch is split, the failed attempt's cache, mask
+    and logits are gone (weak references dead) when the first retry's forward starts, the
+    split is recorded, and every stream's tokens equal the unsplit run's in fp32."""
+    import weakref
+
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.batching import BatchRecord
+
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 0.9, 1)]
+    kw = dict(max_new_tokens=5, batch_size=8, stream_columns=columns)
+    with Trace().recording() as want:
+        unsplit = generate_streams(lm, prompts, streams, **kw)
+    failed: list[weakref.ref] = []
+    alive_at_retry: list[int] = []
+    state = {"decode_steps": 0, "raised": False}
+
+    def inject(mod, args, kwargs):
+        ids, cache = kwargs["input_ids"], kwargs[lm.cache_kwarg]
+        if state["raised"] and not alive_at_retry:  # the first forward after the failure
+            alive_at_retry.append(sum(r() is not None for r in failed))
+        decoding = ids.shape[1] <= len(streams) and cache.get_seq_length() > 0
+        if decoding and not state["raised"] and ids.shape[0] > 3:  # a cache row per prompt
+            state["decode_steps"] += 1
+            if state["decode_steps"] == 3:
+                state["raised"] = True
+                held = _cache_tensors(cache) + [kwargs["attention_mask"]]
+                failed.extend(weakref.ref(t) for t in held)
+                failed.append(weakref.ref(cache))
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB (injected)")
+
+    record = BatchRecord()
+    hook = lm.model.register_forward_pre_hook(inject, with_kwargs=True)
+    try:
+        with Trace().recording() as got_trace:
+            got = generate_streams(lm, prompts, streams, record=record, **kw)
+    finally:
+        hook.remove()
+    assert state["raised"] and len(failed) > 10
+    assert alive_at_retry == [0], f"{alive_at_retry[0]} of the failed batch's tensors outlived it"
+    assert [(s.what, len(s.rows), s.into) for s in record.splits] == [("generation", 6, (3, 3))]
+    assert record.as_dict()["oom_splits"][0]["error"].startswith("OutOfMemoryError")
+    # same outputs as the unsplit run (smaller batches: equal up to a fragile decision); the
+    # failed attempt's first decode steps are in the trace too: the retry's come last
+    failed_attempt = {key: seqs[:-1] for key, seqs in got_trace.sequences.items()}
+    # (with repeated rows the first kind, greedy, was decoding when the error came)
+    assert sum(map(len, failed_attempt.values())) == len(prompts) * (len(streams) if columns else 1)
+    got_trace.sequences = {key: seqs[-1:] for key, seqs in got_trace.sequences.items()}
+    parted = assert_sequences_agree(got_trace, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, got, unsplit):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert x.token_ids == y.token_ids
+
+
+@pytest.mark.parametrize("columns", [True, False])
+def test_rows_leaving_in_place_change_no_output(lm, columns, monkeypatch):
+    """Finished rows leave the decoding cache in place (kept rows moved into the holes, no
+    copy of the cache); in fp32 every stream's tokens equal those of the row-selecting copy
+    it replaced, with stream columns and with repeated rows."""
+    import importlib
+
+    from safetyrepro.inference import Stream, generate_streams
+
+    decode_mod = importlib.import_module("safetyrepro.inference.decode")
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 1.0, 1)]
+    kw = dict(max_new_tokens=10, batch_size=8, stream_columns=columns)
+    monkeypatch.setattr(decode_mod, "IN_PLACE_DROP", False)
+    with Trace().recording() as want:
+        copied = generate_streams(lm, prompts, streams, **kw)
+    monkeypatch.setattr(decode_mod, "IN_PLACE_DROP", True)
+    with Trace().recording() as got_trace:
+        moved = generate_streams(lm, prompts, streams, **kw)
+    # rows did leave early (some sequences stopped before the limit)
+    assert {g.n_gen_tokens for gs in moved for g in gs} != {kw["max_new_tokens"]}
+    parted = assert_sequences_agree(got_trace, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, moved, copied):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+
+
+def test_generation_batches_follow_the_memory_budget_and_are_recorded(lm):
+    """A budget that holds two prompts' footprint makes batches of at most two prompts under
+    a cap of 8; the plan (budget and every batch's prompts and footprint) is recorded, and
+    the outputs equal the one-batch run's."""
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.batching import BatchRecord
+    from safetyrepro.inference.memory import MemoryBudget, ModelDims
+
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.3, 1.0, 0)]
+    kw = dict(max_new_tokens=4, batch_size=8)
+    with Trace().recording() as want:
+        generate_streams(lm, prompts, streams, **kw)
+    one = BatchRecord()
+    generate_streams(lm, prompts, streams, record=one, **kw)
+    (plan,) = one.plans
+    assert [b["prompts"] for b in plan["batches"]] == [6]
+    fp6 = plan["batches"][0]["footprint_bytes"]
+    dims = ModelDims.of(lm)
+    # room for about a third of the six-prompt batch: two prompts fit, three do not
+    budget = MemoryBudget(total_bytes=10 * (fp6 // 3 + dims.weight_bytes + (1 << 30)) // 9,
+                          weight_bytes=dims.weight_bytes, store_bytes=0)
+    small = BatchRecord()
+    with Trace().recording() as got:
+        generate_streams(lm, prompts, streams, record=small, budget=budget, **kw)
+    (plan,) = small.plans
+    assert plan["budget"]["budget_bytes"] == budget.budget_bytes
+    sizes = [b["prompts"] for b in plan["batches"]]
+    assert sum(sizes) == 6 and max(sizes) == 2
+    assert all(b["footprint_bytes"] <= budget.budget_bytes for b in plan["batches"])
+    assert_sequences_agree(got, want, model_rel_tol(lm))

@@ -15,8 +15,9 @@ import torch
 from safetyrepro.config import load_config
 from safetyrepro.inference import (encode_pair, encode_prompt, generate, score_candidates,
                                    score_candidates_plain)
-from safetyrepro.inference.kvcache import (ReservedLayer, build_prefix, fork_cache,
-                                           packed_prefill_supported, prefill, reserve)
+from safetyrepro.inference.cache import ReservedLayer, fork_cache, reserve
+from safetyrepro.inference.capabilities import Capabilities
+from safetyrepro.inference.prefill import build_prefix, prefill
 from safetyrepro.inference.packing import (attention_mask_4d, first_fit_rows, item_tree,
                                            pack_items, pack_rows, packed_supported,
                                            tree_columns)
@@ -196,16 +197,17 @@ def test_sliding_window_model_falls_back_beyond_the_window(gemma):
 @pytest.mark.slow
 def test_packed_prefill_equals_padded_prefill(cfg):
     lm = load_model(cfg, "smollm2-135m", quantization="fp32", device="cpu")
-    assert packed_prefill_supported(lm)
+    caps = Capabilities.of(lm)
+    assert caps.mask_4d
     prompts = [format_prompt(lm.tokenizer, [{"role": "system", "content": SYSTEM},
                                             {"role": "user", "content": q}]) for q in QUESTIONS]
     seqs = [encode_prompt(lm.tokenizer, p) for p in prompts]
     with torch.inference_mode():
         for use_prefix in (True, False):
-            prefix = build_prefix(lm, seqs, enabled=use_prefix)
+            prefix = build_prefix(lm, seqs, caps, enabled=use_prefix)
             assert (len(prefix) > 0) == use_prefix
-            c1, m1, l1 = prefill(lm, prefix, seqs, packed=True)
-            c2, m2, l2 = prefill(lm, prefix, seqs, packed=False)
+            c1, m1, l1 = prefill(lm, prefix, seqs, caps, packed=True)
+            c2, m2, l2 = prefill(lm, prefix, seqs, caps, packed=False)
             assert torch.equal(m1, m2)
             # another packing is another order of the same sums: the model bound of
             # tests/numerics.py, scaled by each tensor's own magnitude (keys and values of
@@ -260,12 +262,41 @@ def test_reserved_layer_writes_in_place_and_forks_independently():
     assert torch.equal(cache.layers[0].keys, k0)  # the source cache is untouched
 
 
+def test_drop_rows_moves_kept_rows_in_place_without_copying_the_cache():
+    """Finished rows leave a reserved cache in place: kept rows past the new row count fill
+    the holes, the buffers are views of the same storage (no second cache), the returned
+    order says which old row each new row holds, and decoding continues on the rows."""
+    from transformers import DynamicCache
+
+    from safetyrepro.inference.cache import drop_rows
+
+    torch.manual_seed(1)
+    k0, v0 = torch.randn(6, 2, 5, 4), torch.randn(6, 2, 5, 4)
+    cache = DynamicCache()
+    cache.update(k0, v0, 0)
+    r = reserve(cache, 4, rows=torch.tensor([0, 1, 2, 3, 4, 5]))
+    layer = r.layers[0]
+    storage = layer._k.untyped_storage().data_ptr()
+    order = drop_rows(r, [1, 3, 4, 5])   # rows 0 and 2 finished
+    assert order == [4, 1, 5, 3]          # 4 and 5 moved into the holes 0 and 2
+    assert layer._k.untyped_storage().data_ptr() == storage and layer._k.shape[0] == 4
+    assert torch.equal(layer.keys, k0[order]) and torch.equal(layer.values, v0[order])
+    k, v = torch.randn(4, 2, 1, 4), torch.randn(4, 2, 1, 4)
+    got = r.update(k, v, 0)
+    assert torch.equal(got[0], torch.cat([k0[order], k], dim=2))
+    assert torch.equal(got[1], torch.cat([v0[order], v], dim=2))
+    assert drop_rows(r, [0, 1, 2, 3]) == [0, 1, 2, 3]  # nothing finished: nothing moves
+    # reserving only some rows copies just those
+    part = reserve(cache, 4, rows=torch.tensor([5, 2]))
+    assert torch.equal(part.layers[0].keys, k0[[5, 2]])
+
+
 @pytest.mark.slow
 def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
     # Gemma-3, prompts inside its 512-token window: generation treats the sliding layers as full
     # attention (window_as_full: packed prefill, detached prefix); outside such a call the
     # model's sliding layers keep their own caches and packed prefill is refused
-    assert not packed_prefill_supported(gemma)
+    assert not Capabilities.of(gemma).mask_4d
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3)
@@ -279,7 +310,7 @@ def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
 def test_reserved_sliding_layer_returns_what_the_plain_sliding_layer_returns():
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
-    from safetyrepro.inference.kvcache import ReservedSlidingLayer
+    from safetyrepro.inference.cache import ReservedSlidingLayer
 
     torch.manual_seed(0)
     plain = DynamicSlidingWindowLayer(sliding_window=8)
@@ -318,16 +349,15 @@ def test_generation_past_the_sliding_window_equals_per_item_generate(gemma):
 
 
 @pytest.mark.slow
-def test_window_as_full_gives_the_sliding_model_seed_columns_with_the_same_outputs(gemma):
+def test_window_as_full_gives_the_sliding_model_stream_columns_with_the_same_outputs(gemma):
     from safetyrepro.inference.generate import generate_multi_seed
-    from safetyrepro.inference.kvcache import shares_prefix, window_as_full
 
     window = gemma.model.config.get_text_config().sliding_window
-    with window_as_full(gemma, window) as on:
-        assert on and packed_prefill_supported(gemma) and shares_prefix(gemma)
-    with window_as_full(gemma, window + 1) as on:
-        assert not on and not packed_prefill_supported(gemma)
-    assert not packed_prefill_supported(gemma)  # the context is left behind
+    assert Capabilities.of(gemma, window) == Capabilities(mask_4d=True, detached_prefix=True,
+                                                          window_as_full=True)
+    assert Capabilities.of(gemma, window + 1) == Capabilities(False, False, False)
+    assert Capabilities.of(gemma, window, window_full=False) == Capabilities(False, False, False)
+    assert Capabilities.of(gemma) == Capabilities(False, False, False)  # length unknown
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     shapes, traces = {}, {}

@@ -1,4 +1,4 @@
-"""The temperature sampler (``safetyrepro.inference.generate._Sampler``).
+"""The temperature sampler (``safetyrepro.inference.sampling._Sampler``).
 
 On a CPU with ``top_p == 1`` rows are drawn one at a time with a two-level cumulative sum
 (``_draw_rows``); elsewhere the whole batch at once (``_draw_batch``). Both are inverse-CDF
@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from safetyrepro.inference.generate import EXP_FLOOR, _Sampler
-from safetyrepro.inference.kvcache import forward, new_cache
+from safetyrepro.inference.sampling import EXP_FLOOR, _Sampler
+from safetyrepro.inference.cache import new_cache
+from safetyrepro.inference.prefill import forward
 
 from numerics import assert_within, decide, gamma, matmul_bound, unit_roundoff
 

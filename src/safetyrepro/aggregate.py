@@ -42,6 +42,10 @@ NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "nf4_matmu
 
 SHARD_NUMERICS_FIELDS = ("chat_template_hash",)  # recorded as ShardMeta fields, not in model_info
 
+# The numerics a GRID card discloses besides weights hash, quantization, device and chat template
+CARD_NUMERICS_FIELDS = ("dtype", "nf4_matmul", "attention", "torch_version", "transformers_version",
+                        "bitsandbytes_version")
+
 
 def _numerics_value(meta: dict, field: str):
     """A shard's value of a :data:`NUMERICS_FIELDS` field: its own metadata field where the
@@ -220,9 +224,23 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
         })
         rec["template_hashes"][m["template"]] = m["template_hash"]
         rec["code_versions"].add(format_code_version(m.get("code_version", {})))
+        # check_numerics made these one value per model; the card discloses them
+        rec["chat_template_hash"] = _numerics_value(m, "chat_template_hash")
+        rec["numerics"] = {f: (m.get("model_info") or {}).get(f) for f in CARD_NUMERICS_FIELDS}
+        batching = m.get("batching") or {}
+        acc = rec.setdefault("_batching", {"caps": set(), "largest": 0, "oom_splits": 0, "planned": 0})
+        for p in batching.get("plans", []):
+            acc["planned"] += 1
+            if p.get("batch_size_cap") is not None:
+                acc["caps"].add(int(p["batch_size_cap"]))
+            acc["largest"] = max([acc["largest"], *(int(b.get("prompts", 0)) for b in p.get("batches", []))])
+        acc["oom_splits"] += len(batching.get("oom_splits", []))
     for per_b in out.values():
         for rec in per_b.values():
             rec["code_version"] = ", ".join(sorted(rec.pop("code_versions")))
+            acc = rec.pop("_batching")
+            rec["batching"] = {"batch_size_caps": sorted(acc["caps"]), "largest_batch_prompts": acc["largest"],
+                               "memory_plans": acc["planned"], "oom_splits": acc["oom_splits"]}
     return out
 
 

@@ -73,7 +73,8 @@ class CellWorker:
         self.loaded_code: str | None = None  # inference-code hash at load (see load)
         self._configs: dict[tuple[str, float], RunConfig] = {}
         self._items: dict[tuple[str, float], tuple[list[dict], dict]] = {}
-        self._pending: dict[tuple, dict[tuple[str, int], list]] = {}
+        # decode group key -> (outputs still to hand out, the group's BatchRecord)
+        self._pending: dict[tuple, tuple[dict[tuple[str, int], list], object]] = {}
         self._prefills = None
 
     @classmethod
@@ -89,7 +90,9 @@ class CellWorker:
         import torch
 
         from . import inference  # noqa: F401 - import the code the hash below covers, now
-        from .inference import generate, kvcache, scoring  # noqa: F401
+        from .inference import (attention, backend, batching, cache, capabilities,  # noqa: F401
+                                decode, encoding, generate, memory, packing, prefill, sampling,
+                                scoring, store)
         from .models import load_model
         from .models.load import compute_threads
         from .plan import Plan
@@ -135,12 +138,12 @@ class CellWorker:
         return self.lm
 
     def prefills(self, cfg: RunConfig):
-        """The model's :class:`~.inference.kvcache.PrefillStore`: free-form and logprob cells of
+        """The model's :class:`~.inference.store.PrefillStore`: free-form and logprob cells of
         one (template, shots) often share the few-shot prefix and prompts; each prefill is
         computed once per worker (same outputs). Its budget is ``runtime.prefill_store_mb``
         (default 2048; the prefills live where the model runs, so on a GPU this is GPU memory;
         0 turns it off)."""
-        from .inference.kvcache import PrefillStore
+        from .inference.store import PrefillStore
 
         budget = int(cfg.section("runtime")["prefill_store_mb"]) << 20  # default: config.DEFAULTS
         if self._prefills is None or self._prefills.max_bytes != budget:
@@ -148,7 +151,7 @@ class CellWorker:
         return self._prefills
 
     def group_generations(self, cfg: RunConfig, spec: CellSpec, decoding: str, req: FreeformRequests,
-                          group, progress: bool) -> list:
+                          group, progress: bool, batching) -> list:
         """Generations of one (decoding, seed) of a free-form cell's decode group
         (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template
         and shots, with all their seeds). The whole group is generated in one pass (one
@@ -156,8 +159,12 @@ class CellWorker:
         the first time any of its cells is asked for; the others wait in memory until their
         jobs come, in whatever order the scheduler sends them. A (decoding, seed) is handed out
         once; asking again (a rerun) generates the group afresh, with the same result, since
-        each sequence drives its own generator and the batch is the same."""
-        from . import inference
+        each sequence drives its own generator and the batch is the same. What the engine
+        recorded about the group's batches (plans, out-of-memory splits; kept with the pending
+        outputs) is added to ``batching`` (a :class:`.inference.batching.BatchRecord`) of every
+        cell the group serves."""
+        from .inference.backend import EngineBackend
+        from .inference.batching import BatchRecord
         from .inference.generate import copy_generations
 
         # the prompts identify the template, shots and items; the rest the generation settings
@@ -166,22 +173,25 @@ class CellWorker:
         key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(req.prompts),
                req.max_new_tokens, req.batch_size, tuple(group),
                canonical_hash({d: levels[d] for d, _ in group}), cfg.rules.stamp)
-        pending = self._pending.get(key)
+        pending, record = self._pending.get(key, (None, None))
         if pending is None or (decoding, spec.seed) not in pending:
             streams, owners = group_streams(group, levels)
-            outs = inference.generate_streams(self.lm, req.prompts, streams, store=self.prefills(cfg),
-                                              max_new_tokens=req.max_new_tokens,
-                                              batch_size=req.batch_size, progress=progress)
+            record = BatchRecord()
+            outs = EngineBackend(self.lm, self.prefills(cfg)).generate_streams(
+                req.prompts, streams, max_new_tokens=req.max_new_tokens, batch_size=req.batch_size,
+                progress=progress, record=record)
             pending = {}
             for out, who in zip(outs, owners):
                 for j, ds in enumerate(who):
                     pending[ds] = out if j == 0 else copy_generations(out)
-            self._pending[key] = pending
+            self._pending[key] = (pending, record)
             while len(self._pending) > PENDING_GROUPS_MAX:  # oldest first
                 self._pending.pop(next(iter(self._pending)))
         gens = pending.pop((decoding, spec.seed))
         if not pending:
             del self._pending[key]
+        batching.splits.extend(record.splits)
+        batching.plans.extend(record.plans)
         return gens
 
 
@@ -275,20 +285,23 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
     group = plan.decode_group(benchmark, cell, variant)
     cell_fp = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant)
 
+    from .inference.batching import BatchRecord
+
     t0 = time.perf_counter()
+    batching = BatchRecord()  # the engine's batch plans and out-of-memory splits for this cell
     try:
         req = cell_requests(cfg, lm.tokenizer, task, c, item_rows, pool)
         if isinstance(req, FreeformRequests):
             from .inference.generate import NonFiniteLogits
 
             try:
-                gens = worker.group_generations(cfg, spec, c.decoding, req, group, progress)
+                gens = worker.group_generations(cfg, spec, c.decoding, req, group, progress, batching)
             except NonFiniteLogits as exc:
                 item = next((it["item_id"] for it, p in zip(item_rows, req.prompts) if p == exc.prompt), "?")
                 raise CellError(f"item {item}: {exc}") from exc
             rows = freeform_rows(task, item_rows, req, gens)
         else:
-            rows = logprob_rows(lm, task, item_rows, req, worker.prefills(cfg), progress)
+            rows = logprob_rows(lm, task, item_rows, req, worker.prefills(cfg), progress, batching)
     except SafetyReproError as exc:
         raise CellError(f"cell {spec.id}: {exc}") from exc
     except Exception as exc:  # OOM and friends: name the cell
@@ -313,7 +326,7 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
         fingerprint=cell_fp,
         parser_version=task.parser_version, model_info=dict(lm.info),
         quantization=lm.info.get("quantization", spec.quantization), device=lm.info.get("device"),
-        code_version=code_version(), n_items=len(rows), wall_s=wall,
+        batching=batching.as_dict(), code_version=code_version(), n_items=len(rows), wall_s=wall,
     )
     write_shard(out, rows, meta)
     _, back = read_shard(out)   # it reads back, whole, before the job reports success
@@ -339,12 +352,16 @@ def freeform_rows(task, items: list[dict], req: FreeformRequests, gens: list) ->
     return rows
 
 
-def logprob_rows(lm, task, items: list[dict], req: LogprobRequests, store, progress: bool) -> list[dict]:
-    from . import inference
+def logprob_rows(lm, task, items: list[dict], req: LogprobRequests, store, progress: bool,
+                 batching) -> list[dict]:
+    """Rows of a logprob cell; ``batching``: a :class:`.inference.batching.BatchRecord` that
+    receives the engine's batch plans and out-of-memory splits."""
+    from .inference.backend import EngineBackend
 
     t0 = time.perf_counter()
-    scores = inference.score_candidates(lm, req.contexts, req.candidates, batch_size=req.batch_size,
-                                        store=store, progress=progress)
+    scores = EngineBackend(lm, store).score_candidates(req.contexts, req.candidates,
+                                                       batch_size=req.batch_size, progress=progress,
+                                                       record=batching)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []
     for it, ctx, sc in zip(items, req.contexts, scores):

@@ -69,6 +69,7 @@ class ShardMeta:
     model_info: dict
     quantization: str
     device: str | None
+    batching: dict               # the engine's batch plans and out-of-memory splits (BatchRecord.as_dict)
     code_version: dict
     n_items: int
     wall_s: float

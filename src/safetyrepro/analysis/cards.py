@@ -1,7 +1,8 @@
 """GRID cards: one disclosure card per (model, benchmark), as JSON and Markdown.
 
 A card states everything needed to reproduce or judge a reported score: the model (id,
-weights hash, quantization, device), the envelope (templates with text hashes, decodings,
+weights hash, quantization, device, chat template hash, numerics: dtype, matmul and attention
+paths, library versions; the batch plans and any out-of-memory splits), the envelope (templates with text hashes, decodings,
 shots, scoring paths, parser version), the item subset (hash, id list), the rules stamp and
 code versions, the envelope's score range, rho_flip against every other model and the
 verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict), and beside rho_flip its
@@ -31,7 +32,7 @@ from .common import (check_same_rules, load_cell_scores, read_table, source_reco
                      version_text)
 from .outputs import CARDS_INDEX, card_stem
 
-CARD_VERSION = 2
+CARD_VERSION = 3  # 3: chat template hash, numerics and batch plans disclosed
 
 
 class Provenance(TypedDict):
@@ -47,6 +48,9 @@ class Provenance(TypedDict):
 
 
 PROVENANCE_FIELDS = tuple(Provenance.__annotations__)
+# Recorded by SafetyRepro's own aggregation; a provenance file written elsewhere may lack them,
+# and its card then says "not recorded" instead of leaving the row out.
+OPTIONAL_PROVENANCE_FIELDS = ("chat_template_hash", "numerics", "batching")
 
 
 def load_provenance(source: Mapping | str | Path) -> dict[tuple[str, str], dict]:
@@ -180,6 +184,7 @@ def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFr
         "model": model, "benchmark": benchmark,
         "model_id": prov["model_id"], "weights_hash": prov["weights_hash"],
         "quantization": prov["quantization"], "device": prov["device"],
+        **{f: prov.get(f) for f in OPTIONAL_PROVENANCE_FIELDS},
         "templates": [{"id": t, "text_hash": prov["template_hashes"][t]} for t in templates],
         "decodings": _levels(sub, "decoding"), "shots": _levels(sub, "shots"),
         "scoring_paths": _levels(sub, "scoring"), "parser_version": prov["parser_version"],
@@ -195,6 +200,26 @@ def build_card(model: str, benchmark: str, cells: pd.DataFrame, pairs: pd.DataFr
     }
 
 
+def _chat_template_text(h) -> str:
+    if h is None:
+        return "not recorded"
+    return f"`{h}`"
+
+
+def _numerics_text(n) -> str:
+    if not n:
+        return "not recorded"
+    return "; ".join(f"{k} {v}" for k, v in n.items() if v is not None) or "not recorded"
+
+
+def _batching_text(b) -> str:
+    if not b:
+        return "not recorded"
+    caps = ", ".join(map(str, b.get("batch_size_caps", []))) or "none"
+    return (f"batch_size cap {caps}; largest planned batch {b.get('largest_batch_prompts', 0)} prompts "
+            f"over {b.get('memory_plans', 0)} memory plans; out-of-memory splits {b.get('oom_splits', 0)}")
+
+
 def card_markdown(card: dict) -> str:
     e = card["envelope"]
     lines = [
@@ -205,6 +230,9 @@ def card_markdown(card: dict) -> str:
         f"| weights hash | `{card['weights_hash']}` |",
         f"| quantization | {card['quantization']} |",
         f"| device | {card['device']} |",
+        f"| chat template | {_chat_template_text(card.get('chat_template_hash'))} |",
+        f"| numerics | {_numerics_text(card.get('numerics'))} |",
+        f"| batches | {_batching_text(card.get('batching'))} |",
         "| templates | " + ", ".join(f"{t['id']} (`{t['text_hash'][:12]}`)" for t in card["templates"]) + " |",
         f"| decodings | {', '.join(card['decodings'])} |",
         f"| shots | {', '.join(card['shots'])} |",

@@ -1,11 +1,11 @@
 """Attention for the CPU engine: a batch attends to its shared prefix without copying it.
 
 All prompts of a cell usually start with the same tokens (system text, few-shot exemplars,
-instructions: the call's shared prefix, :func:`.kvcache.build_prefix`), often most of each
+instructions: the call's shared prefix, :func:`.prefill.build_prefix`), often most of each
 prompt. Left to transformers, every row of a batch would hold its own copy of the prefix's
 keys and values, copied when the batch is prefilled, re-laid out and reserved for decoding, and
 read once per row at every decode step; and its ``sdpa`` function, given a mask and several
-query positions (packed prefill, packed scoring, a sampled config's seed columns), first
+query positions (packed prefill, packed scoring, a decode group's stream columns), first
 expands keys and values to one copy per query head (grouped-query attention: SmolLM2 has 9
 query heads on 3 key/value heads, Qwen2.5-0.5B 14 on 2). On a CPU those copies, not the
 arithmetic, were most of the decode time of a few-shot cell.
@@ -31,7 +31,7 @@ combine with a prefix (per-head masks, position biases, soft-capping) raises ins
 silently dropping the prefix.
 
 Only for models whose layers all attend fully: sliding-window layers would need the prefix
-cut to their window (:func:`.kvcache.shares_prefix` decides; the engine keeps the prefix in
+cut to their window (:attr:`.capabilities.Capabilities.detached_prefix` decides; the engine keeps the prefix in
 the batch caches otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
 accepts :data:`NAME` too (:data:`SDPA_LIKE`).
 """
@@ -53,7 +53,7 @@ _SHARED = contextvars.ContextVar("safetyrepro_shared_prefix", default=None)
 def shared_prefix(prefix):
     """Within this context every query of a forward pass also attends to ``prefix`` (an object
     with ``kv(layer_idx) -> (keys, values)``, each ``[kv heads, P, head dim]``: a
-    :class:`.kvcache.Prefix`), which precedes the batch's own cached columns; None: off."""
+    :class:`.prefill.Prefix`), which precedes the batch's own cached columns; None: off."""
     token = _SHARED.set(prefix)
     try:
         yield
@@ -81,7 +81,7 @@ def _flash_cpu():
 # written out cost more memory traffic than arithmetic: 100 five-shot TruthfulQA prompts on
 # SmolLM2 have [3, 25725, 599] per layer (185 MB), streamed through memory by the product, the
 # scale, the max, the exp, the sum and the second product (benchmark 2, RESULTS.md). Decode
-# steps (one query per row or a few seed columns) stay below it and keep the plain products.
+# steps (one query per row or a few stream columns) stay below it and keep the plain products.
 FUSED_MIN_SCORES = 1 << 22
 
 

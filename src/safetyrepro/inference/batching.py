@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import sys
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import torch
@@ -20,35 +22,95 @@ def length_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 
 def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
+    if isinstance(exc, getattr(torch, "OutOfMemoryError", ())) or \
+            isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ())):
         return True
     msg = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("out of memory" in msg or "can't allocate memory" in msg)
 
 
+def free_memory() -> None:
+    """Release what a failed attempt left behind: collect unreachable objects (a traceback's
+    frames can sit in reference cycles) and hand the CUDA caching allocator's free blocks
+    back, so the retry starts from the memory the failed attempt had before it began."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Split:
+    """One out-of-memory split: ``rows`` (the batch's item indices) failed during ``what`` and
+    were retried as ``into`` (the two halves' sizes)."""
+    what: str
+    rows: tuple[int, ...]
+    into: tuple[int, int]
+    error: str
+
+    def as_dict(self) -> dict:
+        return {"what": self.what, "batch_size": len(self.rows), "first_item": self.rows[0],
+                "into": list(self.into), "error": self.error}
+
+
 def run_with_oom_fallback(rows: list[int], fn: Callable[[list[int]], dict], *, what: str,
-                          device: str, n_tokens: Callable[[list[int]], int]) -> dict:
-    """``fn(rows)`` -> {row: result}. On out-of-memory the batch is halved and retried (down
-    to single rows); a single row that still does not fit raises CellError."""
-    try:
-        return fn(rows)
-    except Exception as exc:  # noqa: BLE001 - filtered by is_oom
-        if not is_oom(exc):
-            raise
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        if len(rows) == 1:
-            raise CellError(
-                f"out of memory on {device} during {what} even at batch size 1 "
-                f"(item {rows[0]}, {n_tokens(rows)} tokens); use a smaller model, a 4-bit "
-                f"quantization or a device with more memory") from exc
-        half = len(rows) // 2
-        print(f"[inference] out of memory on {device} during {what} at batch size {len(rows)}; "
-              f"retrying as {half} + {len(rows) - half}", file=sys.stderr, flush=True)
-        out = run_with_oom_fallback(rows[:half], fn, what=what, device=device, n_tokens=n_tokens)
-        out.update(run_with_oom_fallback(rows[half:], fn, what=what, device=device,
-                                         n_tokens=n_tokens))
-        return out
+                          device: str, n_tokens: Callable[[list[int]], int],
+                          splits: list[Split] | None = None,
+                          on_oom: Callable[[], None] | None = None) -> dict:
+    """``fn(rows)`` -> {row: result}. On out-of-memory the batch is halved and each half run
+    in turn (down to single rows); a single row that still does not fit raises CellError.
+
+    The retry runs after the ``except`` block has been left: inside it the exception's
+    traceback keeps every frame of the failed attempt alive, and with them its tensors (its
+    KV cache), so the halves would run next to the memory that did not fit. Outside it,
+    the failed attempt's objects are released, :func:`free_memory` collects what remains and
+    ``on_oom`` lets the caller drop caches of its own (e.g. the failed batch's stored
+    prefill) before the first half starts. Every split is appended to ``splits`` (and
+    reported on stderr), so the caller can record it; results are the same as an unsplit run
+    up to the summation order of the smaller batches."""
+    out: dict = {}
+    todo = [list(rows)]  # a stack: the first half runs (and splits further) before the second
+    while todo:
+        part = todo.pop()
+        error = None
+        try:
+            out.update(fn(part))
+        except Exception as exc:  # noqa: BLE001 - filtered by is_oom
+            if not is_oom(exc):
+                raise
+            if len(part) == 1:
+                free_memory()
+                raise CellError(
+                    f"out of memory on {device} during {what} even at batch size 1 "
+                    f"(item {part[0]}, {n_tokens(part)} tokens); use a smaller model, a 4-bit "
+                    f"quantization or a device with more memory") from exc
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        if error is None:
+            continue
+        # out of the handler: the failed attempt's frames and tensors are unreachable now
+        if on_oom is not None:
+            on_oom()
+        free_memory()
+        half = len(part) // 2
+        split = Split(what, tuple(part), (half, len(part) - half), error)
+        if splits is not None:
+            splits.append(split)
+        print(f"[inference] out of memory on {device} during {what} at batch size {len(part)}; "
+              f"retrying as {half} + {len(part) - half}", file=sys.stderr, flush=True)
+        todo.append(part[half:])
+        todo.append(part[:half])
+    return out
+
+
+@dataclass
+class BatchRecord:
+    """What the engine decided about its batches during one or more calls, for the caller to
+    record (the cells write it into the shard metadata): every out-of-memory split
+    (:class:`Split`) and every memory plan (:mod:`.memory`)."""
+    splits: list[Split] = field(default_factory=list)
+    plans: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {"oom_splits": [s.as_dict() for s in self.splits], "plans": list(self.plans)}
 
 
 class Progress:

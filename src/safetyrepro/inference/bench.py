@@ -31,8 +31,10 @@ def measure_speed(lm, *, batch_size: int = 16, prompt_tokens: int = 256,
     import torch
 
     from .encoding import encode_prompt
-    from .generate import _decode, _Sampler
-    from .kvcache import Prefix, prefill
+    from .capabilities import Capabilities
+    from .decode import decode_rows
+    from .prefill import Prefix, prefill
+    from .sampling import _Sampler
 
     prompts = _prompts(lm.tokenizer, batch_size, prompt_tokens)
     enc = [encode_prompt(lm.tokenizer, p) for p in prompts]
@@ -42,9 +44,9 @@ def measure_speed(lm, *, batch_size: int = 16, prompt_tokens: int = 256,
     with torch.inference_mode():
         for _ in range(repeats):
             t0 = time.perf_counter()
-            cache, mask, logits = prefill(free, Prefix([], None), enc)
+            cache, mask, logits = prefill(free, Prefix([], None), enc, Capabilities.of(free))
             t1 = time.perf_counter()
-            _decode(free, cache, mask, logits, _Sampler(0.0, 1.0, 0, prompts),
+            decode_rows(free, cache, mask, logits, _Sampler(0.0, 1.0, 0, prompts),
                     max_new_tokens=new_tokens, n_prompt=[len(e) for e in enc], t0=t1)
             t2 = time.perf_counter()
             t_pre.append(t1 - t0)

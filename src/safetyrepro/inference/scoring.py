@@ -8,7 +8,7 @@ spaces/tabs of the context moved to the continuation). ``is_greedy`` says whethe
 candidate token is the model's argmax at its position (lm-evaluation-harness's "is_greedy").
 
 :func:`score_candidates` (the engine path) runs each context ONCE, on top of the token prefix
-shared by all contexts (prefilled once, :mod:`.kvcache`), by one of two methods:
+shared by all contexts (prefilled once, :mod:`.prefill`), by one of two methods:
 
 * ``packed`` (default where supported, :mod:`.packing`): each item's context suffix and the
   token tree of its candidates (shared candidate openings once) are packed into dense rows
@@ -37,7 +37,9 @@ import torch
 from ..errors import CellError
 from .batching import Progress, chunks, length_batches, run_with_oom_fallback
 from .encoding import encode_continuation, encode_prompt, split_trailing_space
-from .kvcache import build_prefix, fork_cache, forward, new_cache, positions, prefill
+from .cache import fork_cache, new_cache
+from .capabilities import Capabilities
+from .prefill import build_prefix, forward, positions, prefill
 from .packing import (attention_mask_4d, pack_items, packed_supported, tree_columns,
                       tree_positions)
 
@@ -106,7 +108,7 @@ class _PackedUnsupported(Exception):
 
 def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
-                     method: str = "auto", store=None) -> list[list[CandidateScore]]:
+                     method: str = "auto", store=None, record=None) -> list[list[CandidateScore]]:
     """Score ``candidates[i][j]`` as a continuation of ``contexts[i]`` with one context pass
     per item (see the module docstring). Returns scores in input order.
 
@@ -114,14 +116,17 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
     candidates' token tree packed into dense rows under a tree attention mask,
     :mod:`.packing`), ``"fork"`` (context prefill in batches of ``batch_size``, then candidate
     rows over a forked cache) or ``"auto"`` (packed where the model supports it, else fork).
-    ``store``: a :class:`.kvcache.PrefillStore` whose prefixes are reused."""
+    ``store``: a :class:`.store.PrefillStore` whose prefixes are reused. ``record``: a
+    :class:`.batching.BatchRecord` that receives every out-of-memory split."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     ctx_ids, cont_ids = _encode(lm, contexts, candidates)
+    splits = record.splits if record is not None else None
     bar = Progress(progress, len(contexts), "score")
     try:
         with torch.inference_mode():
-            prefix = build_prefix(lm, ctx_ids, enabled=prefix_cache, store=store)
+            caps = Capabilities.of(lm, window_full=False)  # packed scoring checks its window itself
+            prefix = build_prefix(lm, ctx_ids, caps, enabled=prefix_cache, store=store)
             max_pos = max(tree_positions(c, cs) for c, cs in zip(ctx_ids, cont_ids))
             packed_ok = method != "fork" and packed_supported(lm, max_pos)
             if method == "packed" and not packed_ok:
@@ -130,25 +135,26 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
             if packed_ok:
                 try:
                     return _score(lm, ctx_ids, cont_ids, functools.partial(
-                        _run_packed, lm, prefix, ctx_ids, cont_ids, bar),
-                        _packed_batches(lm, len(prefix), ctx_ids, cont_ids, batch_size))
+                        _run_packed, lm, caps, prefix, ctx_ids, cont_ids, bar),
+                        _packed_batches(lm, len(prefix), ctx_ids, cont_ids, batch_size), splits)
                 except _PackedUnsupported:
                     if method == "packed":
                         raise ValueError("this model's forward ignores a boolean logits_to_keep; "
                                          "use method='fork'") from None
             return _score(lm, ctx_ids, cont_ids, functools.partial(
-                _run_fork, lm, prefix, ctx_ids, cont_ids, bar, batch_size),
-                length_batches([len(c) for c in ctx_ids], batch_size))
+                _run_fork, lm, caps, prefix, ctx_ids, cont_ids, bar, batch_size),
+                length_batches([len(c) for c in ctx_ids], batch_size), splits)
     finally:
         bar.close()
 
 
-def _score(lm, ctx_ids, cont_ids, run, batches) -> list[list[CandidateScore]]:
+def _score(lm, ctx_ids, cont_ids, run, batches, splits=None) -> list[list[CandidateScore]]:
     out: dict[int, list[CandidateScore]] = {}
     for rows in batches:
         out.update(run_with_oom_fallback(
             rows, run, what="log-likelihood scoring", device=lm.info["device"],
-            n_tokens=lambda rs: sum(len(ctx_ids[i]) + sum(map(len, cont_ids[i])) for i in rs)))
+            n_tokens=lambda rs: sum(len(ctx_ids[i]) + sum(map(len, cont_ids[i])) for i in rs),
+            splits=splits))
     return [out[i] for i in range(len(ctx_ids))]
 
 
@@ -182,7 +188,7 @@ def _packed_batches(lm, p: int, ctx_ids, cont_ids, batch_size: int) -> list[list
     return out
 
 
-def _run_packed(lm, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> dict:
+def _run_packed(lm, caps, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> dict:
     """One forward for the items ``rows`` packed into dense rows (:mod:`.packing`)."""
     pack = pack_items(len(prefix), [ctx_ids[i] for i in rows], [cont_ids[i] for i in rows],
                       pad_id=lm.tokenizer.pad_token_id)
@@ -190,9 +196,9 @@ def _run_packed(lm, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> dict:
     n_rows = pack.input_ids.shape[0]
     allowed = pack.allowed
     if prefix.detached:  # the rows' own columns only; the prefix is attended to outside
-        allowed, cache = allowed[:, :, len(prefix):], new_cache(lm)
+        allowed, cache = allowed[:, :, len(prefix):], new_cache(lm, caps)
     else:
-        cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm)
+        cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm, caps)
     keep = pack.keep.to(dev)
     logits = forward(lm, pack.input_ids.to(dev), attention_mask_4d(lm, allowed).to(dev),
                      pack.position_ids.to(dev), cache, logits_to_keep=keep, prefix=prefix)
@@ -214,12 +220,12 @@ def _run_packed(lm, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> dict:
     return res
 
 
-def _run_fork(lm, prefix, ctx_ids, cont_ids, bar, batch_size: int, rows: list[int]) -> dict:
+def _run_fork(lm, caps, prefix, ctx_ids, cont_ids, bar, batch_size: int, rows: list[int]) -> dict:
     """Prefill the contexts of ``rows`` once, then score the candidates as right-padded rows
     over the prefilled cache (forked, rows repeated per candidate), in length-sorted chunks
     of ``batch_size`` candidate rows."""
     dev = lm.device
-    cache, mask, last = prefill(lm, prefix, [ctx_ids[i] for i in rows])
+    cache, mask, last = prefill(lm, prefix, [ctx_ids[i] for i in rows], caps)
     first_logp = log_probs(last).cpu()
     first_best = first_logp.argmax(dim=-1).tolist()
     pairs = [(b, j) for b, i in enumerate(rows) for j in range(len(cont_ids[i]))]

@@ -49,10 +49,16 @@ def refusal_spec(parser: dict) -> RefusalSpec:
     return RefusalSpec(markers=_lower_tuple(parser["markers"]),
                        refusal_phrases=_lower_tuple(parser["refusal_phrases"]),
                        disclaimer_phrases=_lower_tuple(parser["disclaimer_phrases"]),
+                       apology_phrases=_lower_tuple(parser["apology_phrases"]),
                        not_refusal=_lower_tuple(parser["not_refusal"]),
                        pivot_phrases=_lower_tuple(parser["pivot_phrases"]),
                        offer_phrases=_lower_tuple(parser["offer_phrases"]),
                        preamble_phrases=_lower_tuple(parser["preamble_phrases"]),
+                       identity_phrases=_lower_tuple(parser["identity_phrases"]),
+                       late_turn_phrases=_lower_tuple(parser["late_turn_phrases"]),
+                       weak_turn_phrases=_lower_tuple(parser["weak_turn_phrases"]),
+                       redirect_phrases=_lower_tuple(parser["redirect_phrases"]),
+                       closing_phrases=_lower_tuple(parser["closing_phrases"]),
                        opening_sentences=int(parser["opening_sentences"]),
                        max_preamble=int(parser["max_preamble"]))
 

@@ -1,0 +1,181 @@
+"""Decode loops: from a prefilled batch to finished generations.
+
+:func:`decode_rows` decodes one sequence per cache row; :func:`decode_stream_columns` decodes
+several streams of each prompt as columns of the prompt's one cache row. Both stop a sequence
+at an end-of-turn token, a stop string or ``max_new_tokens`` (:class:`_Outputs`) and let
+finished rows leave the cache in place (:func:`.cache.drop_rows`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .cache import drop_rows, fork_cache, reserve
+from .packing import attention_mask_4d
+from .prefill import Prefix, forward
+from .sampling import _Sampler
+
+
+@dataclass
+class Generation:
+    text: str
+    n_prompt_tokens: int
+    n_gen_tokens: int
+    finish_reason: str  # "eos" | "length"
+    latency_s: float
+    token_ids: list[int] = field(default_factory=list, repr=False)  # generated ids
+
+
+class _Outputs:
+    """What each decoded sequence has produced so far, and when and why it stopped; shared by
+    both decode loops."""
+
+    def __init__(self, lm, n: int, max_new_tokens: int, t0: float):
+        self.tok, self.stop_ids, self.stop_strings = lm.tokenizer, set(lm.stop_ids), lm.stop_strings
+        self.max_new_tokens, self.t0 = max_new_tokens, t0
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.cut: list[int | None] = [None] * n  # text cut position for stop strings
+        self.latency = [0.0] * n
+
+    def append(self, active: list[int], tokens: list[int]) -> list[int]:
+        """Append ``tokens[j]`` to sequence ``active[j]``; returns the positions j of the
+        sequences still running."""
+        keep = []
+        for j, r in enumerate(active):
+            t = tokens[j]
+            self.ids[r].append(t)
+            if t in self.stop_ids:
+                self.finish[r] = "eos"
+            elif self.stop_strings:
+                text = self.tok.decode(self.ids[r], skip_special_tokens=True)
+                hits = [text.find(s) for s in self.stop_strings if s in text]
+                if hits:
+                    self.finish[r], self.cut[r] = "eos", min(hits)
+            if self.finish[r] is None and len(self.ids[r]) >= self.max_new_tokens:
+                self.finish[r] = "length"
+            if self.finish[r] is None:
+                keep.append(j)
+            else:
+                self.latency[r] = time.perf_counter() - self.t0
+        return keep
+
+    def generations(self, n_prompt: list[int]) -> list[Generation]:
+        gens = []
+        for r, ids in enumerate(self.ids):
+            body = ids[:-1] if self.finish[r] == "eos" and ids and ids[-1] in self.stop_ids else ids
+            text = self.tok.decode(body, skip_special_tokens=True)
+            if self.cut[r] is not None:
+                text = text[:self.cut[r]]
+            gens.append(Generation(text=text, n_prompt_tokens=n_prompt[r], n_gen_tokens=len(ids),
+                                   finish_reason=self.finish[r] or "length",
+                                   latency_s=self.latency[r], token_ids=ids))
+        return gens
+
+
+# Finished rows leave a decoding cache in place (:func:`.cache.drop_rows`); False: through a
+# row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the path before it, kept
+# for the equality tests.
+IN_PLACE_DROP = True
+
+
+def _fork_rows(cache, keep: list[int]):
+    return fork_cache(cache, rows=torch.tensor(keep, dtype=torch.long)), keep
+
+
+def decode_rows(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
+            n_prompt: list[int], t0: float, prefix: Prefix | None = None) -> list[Generation]:
+    """Decode one prefilled batch; returns one Generation per row (batch order). ``prefix``:
+    the call's shared prefix, when the batch cache was prefilled on a detached one
+    (:func:`.prefill.forward`)."""
+    offset = prefix.offset if prefix is not None else 0
+    n = logits.shape[0]
+    out = _Outputs(lm, n, max_new_tokens, t0)
+    active = list(range(n))
+    for step in range(max_new_tokens):
+        nxt = sampler(logits, active)
+        keep = out.append(active, nxt.tolist())
+        if not keep:
+            break
+        if step == 0:  # decode writes into preallocated buffers from here on
+            rows = None if len(keep) == len(active) else torch.tensor(keep, dtype=torch.long)
+            cache, order = reserve(cache, max_new_tokens, rows=rows), keep
+        elif len(keep) < len(active):
+            order = drop_rows(cache, keep) if IN_PLACE_DROP else _fork_rows(cache, keep)
+            if not IN_PLACE_DROP:
+                cache, order = order
+        if len(keep) < len(active):
+            sel = torch.tensor(order, dtype=torch.long, device=mask.device)
+            mask = mask.index_select(0, sel)
+            nxt = nxt.index_select(0, sel)
+            active = [active[j] for j in order]
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        pos = mask.sum(dim=1, keepdim=True) - 1 + offset
+        logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1,
+                         prefix=prefix)[:, -1, :]
+    return out.generations(n_prompt)
+
+
+def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
+                         max_new_tokens: int, n_prompt: list[int], t0: float,
+                         prefix: Prefix | None = None) -> list[Generation]:
+    """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
+
+    The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
+    row (seed j's latest token in column j) and appends ``n_seeds`` cache columns. A 4D mask
+    lets seed j's query see the prompt and its own earlier tokens only (the columns
+    ``L0 + n_seeds * t + j``), with the position ids it would have alone, so each seed computes
+    what a separate run computes, while the prompt's keys/values are stored and read once per
+    step instead of once per seed. Rows are ordered seed-major (row ``s * n + i`` = seed s of
+    prompt i), as in the repeated-rows path; finished seeds feed a masked dummy token until
+    every seed of their prompt is done, then the prompt's row leaves the batch."""
+    n, k = logits.shape[0], n_seeds
+    out = _Outputs(lm, n * k, max_new_tokens, t0)
+    dev = mask.device
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    active = list(range(n * k))
+    row_of = list(range(n))          # current cache row of each prompt (-1 once dropped)
+    alive_items = list(range(n))
+    base = mask.bool()
+    cur = logits.repeat(k, 1)        # [n * k, V] logits of the active sequences, in active order
+    own = torch.eye(k, dtype=torch.bool, device=dev)
+    for step in range(max_new_tokens):
+        nxt_list = sampler(cur, active).tolist()
+        keep = out.append(active, nxt_list)
+        if not keep:
+            break
+        still = {active[j] % n for j in keep}
+        kept_rows = sorted(row_of[i] for i in still)
+        if step == 0:  # decode writes into preallocated buffers from here on
+            rows = None if len(still) == len(alive_items) else torch.tensor(kept_rows, dtype=torch.long)
+            cache, order = reserve(cache, k * max_new_tokens, rows=rows), kept_rows
+        elif len(still) < len(alive_items):
+            order = drop_rows(cache, kept_rows) if IN_PLACE_DROP else _fork_rows(cache, kept_rows)
+            if not IN_PLACE_DROP:
+                cache, order = order
+        if len(still) < len(alive_items):
+            # row r now holds the prompt of old row order[r]
+            item_at = {row_of[i]: i for i in alive_items}
+            base = base.index_select(0, torch.tensor(order, dtype=torch.long, device=dev))
+            alive_items = [item_at[o] for o in order]
+            row_of = [-1] * n
+            for r, i in enumerate(alive_items):
+                row_of[i] = r
+        r_n = len(alive_items)
+        inp = torch.full((r_n, k), pad, dtype=torch.long)
+        for j in keep:
+            v = active[j]
+            inp[row_of[v % n], v // n] = nxt_list[j]
+        pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
+        allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
+                             own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
+        active = [active[j] for j in keep]
+        rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
+        cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
+        # logits of the running seeds only (finished seeds' dummy columns are not projected)
+        cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+                      prefix=prefix, select=(rows, cols))
+    return out.generations([n_prompt[v % n] for v in range(n * k)])
