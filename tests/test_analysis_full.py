@@ -54,10 +54,35 @@ def run(tmp_path_factory):
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
         ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
     ]
+    printed = {}  # step -> {name: path} as the command printed what it wrote
     for cmd in commands:
         res = runner.invoke(app, cmd)
         assert res.exit_code == 0, (cmd, res.output, res.exception)
-    return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards}
+        printed[cmd[1]] = dict(line.split("\t", 1) for line in res.stdout.splitlines() if "\t" in line)
+    return {"root": root, "data": d, "tables": tables, "figures": figs, "cards": cards, "printed": printed}
+
+
+def test_each_step_writes_exactly_the_outputs_the_package_lists(run):
+    """The output-name lists its rule declares (safetyrepro.analysis.outputs; see
+    test_workflow_lint's dry-run test for the rules' side) are what each step writes: its
+    printed paths, and every file in the output folders, nothing more."""
+    from safetyrepro.analysis import outputs
+
+    def as_str(paths):
+        return {k: str(v) for k, v in paths.items()}
+
+    tables = {}
+    for step in outputs.TABLE_STEPS:
+        assert run["printed"][step] == as_str(outputs.table_outputs(step, run["tables"])), step
+        tables.update(outputs.table_outputs(step, run["tables"]))
+    assert run["printed"]["figures"] == as_str(outputs.figure_outputs(run["figures"]))
+    pairs = sorted(set(zip(run["data"]["cells"]["model"], run["data"]["cells"]["benchmark"])))
+    assert len(pairs) == 15
+    cards = outputs.card_outputs(run["cards"], pairs)
+    assert run["printed"]["cards"] == as_str(cards)
+    assert set(run["tables"].iterdir()) == set(tables.values())
+    assert set(run["figures"].iterdir()) == set(outputs.figure_outputs(run["figures"]).values())
+    assert set(run["cards"].iterdir()) == set(cards.values())
 
 
 PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal"),

@@ -93,3 +93,86 @@ def test_cell_code_group_covers_what_changes_outputs_only():
     assert not any(f.startswith(("parsing/", "tasks/", "analysis/", "metrics/")) for f in files)
     # the shard layout enters through its value, not the module's text
     assert len(layout_hash()) == 64
+
+
+def test_config_ids_are_looked_up_in_the_plans_table(tmp_path):
+    """One place turns a config id (a wildcard, a shard folder) into a Config: the plan's
+    table of the rules' configs; the jobs' Configs are the ones it returns, and an id that
+    is no combination of the rules' levels is an error naming it and the rules file."""
+    plan = _plan(tmp_path, {"a": "nf4"})
+    for v in SHARD_ROOTS:
+        assert all(plan.config(j.config.id) == j.config for j in plan.jobs(v))
+    assert plan.config("T2-t0.3-k5-freeform").levels() == {
+        "template": "T2", "decoding": "t0.3", "shots": "k5", "scoring": "freeform"}
+    for bad in ("T1-greedy-k0", "T9-greedy-k0-freeform", "T1-greedy-k0-freeform-x"):
+        with pytest.raises(ValueError, match="template-decoding-shots-scoring") as err:
+            plan.config(bad)
+        assert repr(bad) in str(err.value) and "envelope.yaml" in str(err.value)
+        with pytest.raises(ValueError):
+            plan.cell_fingerprint("a", "bbq", bad, 0)
+
+
+def _tensor_folder(folder, value: float):
+    """A local model folder whose weights are one real safetensors file."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"w": torch.full((8,), value)}, folder / "model.safetensors")
+    return folder
+
+
+def test_batch_size_is_in_every_cell_fingerprint(tmp_path):
+    plan = _plan(tmp_path, {"a": "nf4", "b": "bf16"})
+    cfg = yaml.safe_load(open(plan.cfg.path))
+    cfg["generation"]["batch_size"] = plan.cfg.data["generation"]["batch_size"] // 2
+    other_path = tmp_path / "half.yaml"
+    other_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    other = Plan(load_config(other_path))
+    for v in SHARD_ROOTS:
+        for j in plan.jobs(v)[::7]:  # free-form and logprob cells of both models
+            args = (j.model, j.benchmark, j.config.id, j.seed, v)
+            assert plan.cell_fingerprint(*args) != other.cell_fingerprint(*args), j
+    # preparation and the workers do not depend on it
+    assert all(plan.source_fingerprint(m) == other.source_fingerprint(m) for m in "ab")
+
+
+def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_path):
+    """A local model's weights identity is its folder's content hash (read when a weights file
+    changed, as the prepare step records it): altered weights change that model's cell,
+    prepare and worker fingerprints and no other model's; a touched file with the same bytes
+    changes nothing; an unreadable folder plans (its prepare job reports it)."""
+    import os
+
+    from safetyrepro.models.prepare import weights_hash
+
+    folder = _tensor_folder(tmp_path / "local-model", 0.0)
+    plan = _plan(tmp_path, {"a": "nf4", "b": "nf4"})
+    cfg = yaml.safe_load(open(plan.cfg.path))
+    cfg["models"]["b"]["source"] = {"kind": "local", "path": str(folder)}
+    cfg["runtime"]["resources_dir"] = str(tmp_path / "resources")  # where the weights record goes
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    def snapshot():
+        p = Plan(load_config(path))
+        cells = {(j.model, j.config.id, j.seed): p.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed)
+                 for j in p.jobs() if j.benchmark == "bbq"}
+        return p, cells, {m: (p.source_fingerprint(m), p.worker_key(m, "nf4")) for m in "ab"}
+
+    p0, cells0, prep0 = snapshot()
+    assert p0.weights_identity("a") is None and p0.weights_identity("b") == weights_hash(folder)
+    _tensor_folder(folder, 1.0)                      # same size, one tensor altered
+    p1, cells1, prep1 = snapshot()
+    assert p1.weights_identity("b") == weights_hash(folder) != p0.weights_identity("b")
+    assert prep1["a"] == prep0["a"] and prep1["b"][0] != prep0["b"][0] and prep1["b"][1] != prep0["b"][1]
+    changed = {k for k in cells0 if cells0[k] != cells1[k]}
+    assert changed == {k for k in cells0 if k[0] == "b"} and changed
+    st = (folder / "model.safetensors").stat()
+    os.utime(folder / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched only
+    assert snapshot()[1:] == (cells1, prep1)
+    # a worker fingerprints with the weights it loaded, not the folder's now
+    p1.use_loaded_weights("b", {"model_key": "b", "weights_hash": p0.weights_identity("b")})
+    assert p1.cell_fingerprint("b", "bbq", "T1-greedy-k0-freeform", 0) == cells0[("b", "T1-greedy-k0-freeform", 0)]
+    (folder / "model.safetensors").unlink()
+    assert snapshot()[0].weights_identity("b") == f"unreadable:{folder}"

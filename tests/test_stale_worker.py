@@ -5,6 +5,7 @@ and the shard records the new rules stamp and prompts. Real Snakemake runs, real
 from __future__ import annotations
 
 import json
+import time
 
 from workflow_support import cli, make_project_copy, snakemake
 
@@ -67,3 +68,80 @@ def test_rules_and_template_edits_with_a_live_worker(tmp_path):
     assert all("EDITED " in p for p in table.column("prompt").to_pylist())
     summary = json.loads((results / "logs" / "run_summary.json").read_text())
     assert summary["run_ok"] is True
+
+
+PLANNED = """
+import json, sys
+from safetyrepro.config import load_config
+from safetyrepro.plan import Plan
+plan = Plan(load_config(sys.argv[1]))
+m, b, c = "smol-fp32", "xstest", "T1-greedy-k0-freeform"
+q = plan.quantization(m)
+print(json.dumps({"fingerprint": plan.cell_fingerprint(m, b, c, 0, chat_template=False), "quantization": q,
+                  "key": plan.worker_key(m, q), "state_root": str(plan.worker_state_root),
+                  "items": str(plan.items_path(b)), "fewshot": str(plan.fewshot_path(b))}))
+"""
+
+
+def test_a_second_mismatch_fails_the_cell_job(tmp_path):
+    """A setting in the fingerprint changes after the job was planned (here
+    generation.batch_size): the worker refuses and exits, the fresh worker the client starts
+    refuses too, and the job fails with an error saying what happened and what to do; no
+    shard is written and no worker is left. The same job planned after the edit succeeds."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from workflow_support import env_for
+
+    project, config = make_project_copy(tmp_path / "p")
+    results = project / "results"
+    prep = ["results/items/xstest.parquet", "results/items/xstest.fewshot.parquet",
+            "results/models/smol-fp32.json"]
+    r = snakemake(project, config, *prep)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = dict(env_for(project), SAFETYREPRO_DEVICE_LOCK_DIR=str(tmp_path / "devices"))
+
+    def planned_job():
+        out = subprocess.run([sys.executable, "-c", PLANNED, str(config)], env=env, cwd=project,
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+
+    shard = results / "shards" / "smol-fp32" / "xstest" / "T1-greedy-k0-freeform" / "s0.parquet"
+
+    def run_job(job):
+        args = {"config": config, "model": "smol-fp32", "variant": "main", "quantization": job["quantization"],
+                "benchmark": "xstest", "cell": "T1-greedy-k0-freeform", "seed": 0, "items": job["items"],
+                "fewshot": job["fewshot"], "state-root": job["state_root"], "key": job["key"],
+                "idle-timeout": 60, "timeout": 600, "device-wait": 600, "fingerprint": job["fingerprint"],
+                "out": shard}
+        argv = [a for k, v in args.items() for a in (f"--{k}", str(v))]
+        return subprocess.run([sys.executable, "-m", "safetyrepro.cell_client", *argv], env=env, cwd=project,
+                              capture_output=True, text=True, timeout=900)
+
+    job = planned_job()
+    cfg = yaml.safe_load(config.read_text())
+    cfg["generation"]["batch_size"] = 4             # after planning, before the job runs
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    r = run_job(job)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "StaleWorkerError" in r.stderr and f"job's fingerprint {job['fingerprint'][:12]}" in r.stderr
+    assert "found the same mismatch after the stale one" in r.stderr and "run the workflow again" in r.stderr
+    assert not shard.exists()
+    state = default_state_dir(results)
+    loads = [e["pid"] for e in read_events(state / "events.jsonl")[0] if e["event"] == "load"]
+    assert len(loads) == 2 and loads[0] != loads[1]           # the stale one, one fresh one, no third
+    end = time.monotonic() + 60                                # the fresh one exits after answering
+    while any(pid_alive(p) for p in loads) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not any(pid_alive(p) for p in loads)
+    evs = read_events(state / "events.jsonl")[0]
+    exits = {e["pid"]: e["reason"] for e in evs if e["event"] == "exit"}
+    assert set(exits) == set(loads) and all("StaleWorkerError" in v for v in exits.values())
+    assert [e["pid"] for e in evs if e["event"] == "load"] == loads
+
+    r = run_job(planned_job())                         # planned with the edited config
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, meta = read_parquet(shard)
+    assert meta["fingerprint"] != job["fingerprint"]

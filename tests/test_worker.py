@@ -805,6 +805,49 @@ def test_a_hung_call_fails_at_its_deadline_and_the_worker_exits(sd):
     assert r["pid"] != pid and r["value"] == 2
 
 
+def test_a_call_whose_watchdog_cannot_run_is_killed_by_the_client(sd, monkeypatch):
+    """A call stuck in C code that keeps the GIL also stops the worker's watchdog thread:
+    the client waits the deadline plus its grace, SIGKILLs the worker, removes its socket
+    and pid file and fails the call saying so; the device lock dies with the process, so a
+    fresh worker serves the next call."""
+    import safetyrepro.worker.client as client
+
+    monkeypatch.setattr(client, "WATCHDOG_GRACE_S", 2.0)
+    pid = call(sd, "m1", "echo")["pid"]
+    t0 = time.monotonic()
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "hold_gil", {"seconds": 600}, label="cell qwen/bbq/T1-greedy-k0-freeform/s0",
+             call_timeout=1.0)
+    assert 3.0 <= time.monotonic() - t0 < 30
+    msg = str(ei.value)
+    assert ei.value.fatal and ei.value.error_type == "CallTimeout"
+    assert "cell qwen/bbq/T1-greedy-k0-freeform/s0: no answer within 1 s" in msg
+    assert f"plus 2 s: the worker for m1 (pid {pid}) was killed" in msg
+    assert not pid_alive(pid)
+    assert events(sd, "timeout") == []               # the watchdog never ran
+    assert not WorkerPaths(sd, "m1").sock.exists() and not WorkerPaths(sd, "m1").pid.exists()
+    r = call(sd, "m1", "echo", {"value": 3}, call_timeout=30)
+    assert r["pid"] != pid and r["value"] == 3
+
+
+def test_a_second_stale_answer_fails_the_call_without_a_third_worker(sd):
+    """A worker that finds the call stale exits and the client retries once on a fresh
+    worker; when that one answers stale too, the call fails naming both workers, and no
+    third worker is started."""
+    with pytest.raises(WorkerCallError) as ei:
+        call(sd, "m1", "stale", label="cell m/xstest/T1-greedy-k0-freeform/s0")
+    msg = str(ei.value)
+    loads = events(sd, "load")
+    assert len(loads) == 2 and loads[0]["pid"] != loads[1]["pid"]
+    first, second = (e["pid"] for e in loads)
+    assert f"stale for this call (worker pid {second})" in msg
+    assert f"a fresh worker, pid {second}, found the same mismatch after the stale one, pid {first}" in msg
+    assert "run the workflow again" in msg
+    assert wait_until(lambda: not pid_alive(first) and not pid_alive(second), 10)
+    assert sorted(e["pid"] for e in events(sd, "exit")) == sorted([first, second])
+    assert live_worker_pids(sd) == []
+
+
 def test_two_runs_on_one_device_never_hold_it_together(tmp_path):
     """Two runs (two results folders, so two state folders) on one node share the device lock:
     the second worker waits, and past runtime.device_wait_s fails naming the holder."""

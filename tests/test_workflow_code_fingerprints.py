@@ -29,7 +29,9 @@ def _append(path, line="\n# an edit\n"):
 def test_editing_a_metric_reruns_the_tables_computed_with_it(tmp_path):
     project, config = make_project_copy(tmp_path / "proj")
     tables = project / "results" / "tables"
-    data = make_dataset(tmp_path / "synth", n_items=8, benchmarks=["truthfulqa", "xstest"],
+    # the run's models: the cards rule declares one card per configured model and benchmark
+    data = make_dataset(tmp_path / "synth", n_items=8, models=["smol-fp32", "smol-nf4"],
+                        benchmarks=["truthfulqa", "xstest"],
                         rules_path=project / "tests" / "configs" / "envelope_tiny.yaml")
     tables.mkdir(parents=True)
     (tables / "cell_scores.parquet").write_bytes(data["cell_scores"].read_bytes())

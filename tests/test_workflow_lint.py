@@ -86,3 +86,47 @@ def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
         priority[wc["model"], wc["shards"]] = int(f["priority"])
     order = sorted(priority, key=priority.get, reverse=True)
     assert order == [(m, root) for m in models for root in ("shards", "shards_bf16")]
+
+
+def test_analysis_rules_declare_what_their_step_writes(tmp_path):
+    """Each analysis job of a full dry run declares as outputs exactly the files of the step
+    its shell command runs (`safetyrepro analyze <step>`), as safetyrepro.analysis.outputs
+    lists them (test_analysis_full checks the steps write exactly those); every step of the
+    run appears once, and the figures job reads the tables the figures are drawn from."""
+    import re
+
+    import yaml
+
+    from safetyrepro.analysis import outputs
+    from safetyrepro.config import load_config
+    from safetyrepro.plan import Plan
+
+    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    results = tmp_path / "results"
+    cfg["runtime"]["results_dir"] = str(results)
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    plan = Plan(load_config(path))
+    assert "bbq-bias" in plan.analysis_steps and "precision" in plan.analysis_steps
+    r = _run(str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "--resources", "gpu=1",
+             "--directory", str(ROOT), "--configfile", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    tables, figures, cards = results / "tables", results / "figures", results / "cards"
+    expected = {step: outputs.table_outputs(step, tables) for step in plan.analysis_steps}
+    expected["figures"] = outputs.figure_outputs(figures)
+    expected["cards"] = outputs.card_outputs(cards, [(m, b) for m in plan.cfg.models for b in plan.cfg.benchmarks])
+    expected["report-md"] = {"report": results / "report.md"}
+    seen = {}
+    jobs = re.finditer(r"^rule ([\w.-]+):\n((?:    .*\n)+)Shell command: (.*)\n", r.stdout + r.stderr, flags=re.M)
+    for m in jobs:
+        step = re.search(r"-m safetyrepro analyze ([\w-]+) ", m.group(3))
+        if step is None:
+            continue
+        fields = dict(line.strip().split(": ", 1) for line in m.group(2).splitlines() if ": " in line)
+        assert step.group(1) not in seen, f"two jobs run `analyze {step.group(1)}`"
+        seen[step.group(1)] = (m.group(1), set(fields["output"].split(", ")), fields["input"].split(", "))
+    assert set(seen) == set(expected)
+    for step, (rule, declared, _) in seen.items():
+        assert declared == {str(p) for p in expected[step].values()}, (rule, step)
+    assert seen["figures"][2] == [str(tables / f"{t}.parquet") for t in outputs.figure_sources()]

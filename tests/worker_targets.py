@@ -40,6 +40,23 @@ def crash(state: dict) -> None:
     os._exit(1)
 
 
+def stale(state: dict) -> None:
+    """Answers like a cell whose planned fingerprint differs from what this worker loaded
+    (cells.StaleWorkerError): the worker exits, the client may retry on a fresh one."""
+    exc = RuntimeError(f"stale for this call (worker pid {os.getpid()})")
+    exc.worker_fatal = True
+    exc.worker_stale = True
+    raise exc
+
+
+def hold_gil(state: dict, seconds: float) -> None:
+    """Blocks inside a C call that keeps the GIL (ctypes.PyDLL does not release it), as a
+    stuck extension call may: no other thread of the worker runs, its watchdog included."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(int(seconds))
+
+
 def not_json(state: dict) -> object:
     return {"x": object()}
 

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from .errors import ShardError
-from .grid import Config
 from .io import write_parquet
 from .provenance import code_stamp, code_version
 from .rules import AXES
@@ -94,7 +93,7 @@ def _aggregate(plan, variant: str, progress: bool):
 
     cfg = plan.cfg
     jobs = plan.jobs(variant)
-    metas, tables = {}, {}
+    metas, tables, job_of = {}, {}, {}
     problems = []
     for j in tqdm(jobs, desc=f"reading shards ({variant})", disable=not progress):
         p = str(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant))
@@ -109,14 +108,14 @@ def _aggregate(plan, variant: str, progress: bool):
             problems.append(f"{p}: stale (written for fingerprint {str(m.get('fingerprint'))[:12]}, "
                             f"plan expects {expected[:12]})")
             continue
-        metas[p], tables[p] = m, t
+        metas[p], tables[p], job_of[p] = m, t, j
     if problems:
         raise ShardError(f"{len(problems)} shard(s) missing, corrupt or stale:\n  "
                          + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else ""))
     _check_consistent(metas, "rules_stamp", "rules stamps")
     check_numerics(metas)
     for b in cfg.benchmarks:
-        _check_consistent({p: m for p, m in metas.items() if m["benchmark"] == b}, "subset_hash",
+        _check_consistent({p: m for p, m in metas.items() if job_of[p].benchmark == b}, "subset_hash",
                           f"item-subset hashes for {b}")
 
     items_by_bench = {}
@@ -124,10 +123,13 @@ def _aggregate(plan, variant: str, progress: bool):
         df, im = read_items(plan.items_path(b))
         items_by_bench[b] = ({r["item_id"]: r for r in df.to_dict(orient="records")}, im)
 
-    per_seed = defaultdict(dict)   # (model, bench, cfg) -> seed -> summary
+    # the plan's job of each shard names its cell (model, benchmark, Config, seed): the shard's
+    # own metadata agrees (its fingerprint was checked against the job's above)
+    per_seed = defaultdict(dict)   # (model, benchmark, Config) -> seed -> summary
     item_rows = []
     for p, m in metas.items():
-        b = m["benchmark"]
+        j = job_of[p]
+        b = j.benchmark
         task = load_task(b)
         items, im = items_by_bench[b]
         if m["subset_hash"] != im.get("subset_hash"):
@@ -147,7 +149,7 @@ def _aggregate(plan, variant: str, progress: bool):
             it = items.get(r["item_id"])
             if it is None:
                 raise ShardError(f"{p}: item {r['item_id']} is not in {plan.items_path(b)}")
-            if m["scoring"] == "freeform":
+            if j.config.scoring == "freeform":
                 res = task.score_freeform(it, r["raw_output"] or "")
                 chosen = None
             else:
@@ -155,7 +157,7 @@ def _aggregate(plan, variant: str, progress: bool):
                 chosen = res.chosen_index
             results.append(res)
             its.append(it)
-            item_rows.append({"model": m["model"], "benchmark": b, "config": m["cell"], "seed": m["seed"],
+            item_rows.append({"model": j.model, "benchmark": b, "config": j.config.id, "seed": j.seed,
                               "item_id": r["item_id"], "parsed_label": res.parsed_label,
                               "parse_ok": bool(res.parse_ok), "correct": bool(res.correct),
                               "chosen_index": chosen, "stratum": it.get("stratum"),
@@ -163,12 +165,12 @@ def _aggregate(plan, variant: str, progress: bool):
         summary = task.summarize(results, its)
         summary["quantization"] = m["quantization"]
         summary["subset_hash"] = m["subset_hash"]
-        per_seed[(m["model"], b, m["cell"])][m["seed"]] = summary
+        per_seed[(j.model, b, j.config)][j.seed] = summary
 
     rules = cfg.rules
     cell_rows = []
-    for (model, b, cid), seeds in sorted(per_seed.items()):
-        c = Config.parse(cid)
+    for (model, b, c), seeds in sorted(per_seed.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].id)):
+        cid = c.id
         ordered = [seeds[s] for s in sorted(seeds)]
         scores = [float(s["score"]) for s in ordered]
         # the cell score as an exact fraction: correct answers summed over seeds over items summed

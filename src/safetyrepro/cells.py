@@ -217,7 +217,8 @@ def run_cell_in_worker(worker: CellWorker, **kwargs) -> dict:
 # ---- the cell -------------------------------------------------------------------------------
 def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, seed: int, variant: str,
                  quantization: str | None) -> tuple[CellSpec, Config]:
-    """The cell's spec and parsed config id, checked against the plan and the rules."""
+    """The cell's spec and its config (the plan's :class:`Config` of the id ``cell``), checked
+    against the plan and the rules."""
     from .plan import SHARD_ROOTS
 
     name = f"{model}/{benchmark}/{cell}/s{seed}"
@@ -229,7 +230,7 @@ def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, se
                         f"variant {variant!r} of {model} as {quant!r}")
     spec = CellSpec(model, benchmark, cell, int(seed), variant, quant)
     try:
-        c = Config.parse(cell)
+        c = plan.config(cell)
     except ValueError as exc:
         raise CellError(f"cell {spec.id}: {exc}") from exc
     violations = cfg.rules.violations(benchmark, c.levels())
@@ -260,19 +261,22 @@ def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, o
     plan = Plan(cfg)
     if worker.loaded_code is not None:
         plan.__dict__["inference_code"] = worker.loaded_code  # the cached_property, as loaded
+    if worker.lm is not None:
+        plan.use_loaded_weights(model, worker.lm.info)  # the weights it holds, not the folder's now
     spec, c = resolve_cell(cfg, plan, model, benchmark, cell, seed, variant, quantization)
     if fingerprint is not None:
         planned = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant, chat_template=False)
         if fingerprint != planned:
             raise StaleWorkerError(
                 f"cell {spec.id}: the job's fingerprint {fingerprint[:12]} differs from "
-                f"{planned[:12]}, computed from the code, config ({config}), rules and task files "
-                "this process has loaded (one of them changed since it loaded them, or since the "
-                "workflow planned the job); nothing was computed")
+                f"{planned[:12]}, computed from the code, config ({config}), rules, task files and "
+                "model weights this process has loaded (one of them changed since it loaded them, or "
+                "since the workflow planned the job); nothing was computed")
     item_rows, items_meta = worker.items(Path(items) if items else plan.items_path(benchmark))
     pool, pool_meta = worker.items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
     task = load_task(benchmark)
     lm = worker.model(cfg, spec)
+    plan.use_loaded_weights(model, lm.info)  # the shard's fingerprint names the weights it used
     prepared = plan.chat_template_hash(model)
     if prepared is not None and prepared != lm.info.get("chat_template_hash"):
         raise CellError(f"cell {spec.id}: the model's chat template (hash "

@@ -47,12 +47,17 @@ class Job:
         return f"{self.model}/{self.benchmark}/{self.config.id}/s{self.seed}"
 
 
+def config_index(rules: Rules) -> dict[str, Config]:
+    """Every config the rules' axis levels can form (valid for some benchmark or not), by id:
+    the one mapping from a config id to its :class:`Config` (the plan looks ids up here)."""
+    levels = [[lv["id"] for lv in rules.levels(a)] for a in AXES]
+    return {c.id: c for c in (Config(*combo) for combo in itertools.product(*levels))}
+
+
 def configs(rules: Rules, benchmark: str, envelope: str = "full") -> list[Config]:
     """Valid configs of ``benchmark`` in the named sub-envelope, in a stable order."""
     out = []
-    axes_levels = [[lv["id"] for lv in rules.levels(a)] for a in AXES]
-    for combo in itertools.product(*axes_levels):
-        cfg = Config(*combo)
+    for cfg in config_index(rules).values():
         lv = cfg.levels()
         if rules.is_valid(benchmark, lv) and rules.in_sub_envelope(envelope, lv):
             out.append(cfg)

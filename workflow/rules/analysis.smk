@@ -6,15 +6,7 @@ rule paper_tables:
     input:
         f"{TABLES}/cell_scores.parquet",
     output:
-        [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES],
-        [
-            report(
-                f"{TABLES}/{t}.csv",
-                caption=f"../report/{t}.rst",
-                category="Tables",
-            )
-            for t in PAPER_TABLES
-        ],
+        **table_outputs("tables"),
     log:
         f"{RESULTS}/logs/paper_tables.log",
     conda:
@@ -37,15 +29,7 @@ rule significance:
         cells=f"{TABLES}/cell_scores.parquet",
         item_results=f"{TABLES}/item_results.parquet",
     output:
-        [f"{TABLES}/{t}.parquet" for t in SIGNIFICANCE_TABLES],
-        [
-            report(
-                f"{TABLES}/{t}.csv",
-                caption=f"../report/{t}.rst",
-                category="Significance",
-            )
-            for t in SIGNIFICANCE_TABLES
-        ],
+        **table_outputs("significance"),
     log:
         f"{RESULTS}/logs/significance.log",
     conda:
@@ -67,12 +51,7 @@ rule nearest_reversal:
         cells=f"{TABLES}/cell_scores.parquet",
         significance_configs=f"{TABLES}/significance_configs.parquet",
     output:
-        f"{TABLES}/nearest_reversal.parquet",
-        report(
-            f"{TABLES}/nearest_reversal.csv",
-            caption="../report/nearest_reversal.rst",
-            category="Significance",
-        ),
+        **table_outputs("nearest-reversal"),
     log:
         f"{RESULTS}/logs/nearest_reversal.log",
     conda:
@@ -91,16 +70,7 @@ rule variance:
     input:
         f"{TABLES}/cell_scores.parquet",
     output:
-        anova=f"{TABLES}/anova.parquet",
-        anova_csv=report(
-            f"{TABLES}/anova.csv",
-            caption="../report/anova.rst",
-            category="Variance",
-        ),
-        shap=f"{TABLES}/shap.parquet",
-        shap_csv=report(
-            f"{TABLES}/shap.csv", caption="../report/shap.rst", category="Variance"
-        ),
+        **table_outputs("variance"),
     log:
         f"{RESULTS}/logs/variance.log",
     conda:
@@ -118,13 +88,7 @@ rule robustness:
         item_results=f"{TABLES}/item_results.parquet",
         subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
-        f"{TABLES}/robustness.parquet",
-        report(
-            f"{TABLES}/robustness.csv",
-            caption="../report/robustness.rst",
-            category="Robustness",
-        ),
-        f"{TABLES}/robustness_regression.parquet",
+        **table_outputs("robustness"),
     log:
         f"{RESULTS}/logs/robustness.log",
     conda:
@@ -144,19 +108,7 @@ rule subsample_stability:
         item_results=f"{TABLES}/item_results.parquet",
         subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
-        f"{TABLES}/subsample_stability.parquet",
-        report(
-            f"{TABLES}/subsample_stability.csv",
-            caption="../report/subsample_stability.rst",
-            category="Robustness",
-        ),
-        f"{TABLES}/subsample_cells.parquet",
-        f"{TABLES}/subsample_rho_flip.parquet",
-        report(
-            f"{TABLES}/subsample_rho_flip.csv",
-            caption="../report/subsample_rho_flip.rst",
-            category="Robustness",
-        ),
+        **table_outputs("subsample"),
     log:
         f"{RESULTS}/logs/subsample_stability.log",
     conda:
@@ -182,13 +134,7 @@ rule bbq_bias:
         item_results=f"{TABLES}/item_results.parquet",
         bbq_items=f"{RESULTS}/items/bbq.parquet",
     output:
-        f"{TABLES}/bbq_bias.parquet",
-        report(
-            f"{TABLES}/bbq_bias.csv",
-            caption="../report/bbq_bias.rst",
-            category="Robustness",
-        ),
-        f"{TABLES}/bbq_bias_summary.parquet",
+        **table_outputs("bbq-bias"),
     log:
         f"{RESULTS}/logs/bbq_bias.log",
     conda:
@@ -207,13 +153,7 @@ rule precision_check:
         main=f"{TABLES}/cell_scores.parquet",
         bf16=f"{TABLES}/cell_scores_bf16.parquet",
     output:
-        f"{TABLES}/precision.parquet",
-        report(
-            f"{TABLES}/precision.csv",
-            caption="../report/precision.rst",
-            category="Robustness",
-        ),
-        f"{TABLES}/precision_cells.parquet",
+        **table_outputs("precision"),
     log:
         f"{RESULTS}/logs/precision_check.log",
     conda:
@@ -233,10 +173,12 @@ rule cards:
         provenance=f"{TABLES}/provenance.json",
         significance=f"{TABLES}/significance.parquet",
         nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
-        cross_package=[f"{TABLES}/cross_package.parquet"] if CROSS_PACKAGE else [],
+        cross_package=CROSS_PACKAGE_TABLES,
     output:
-        report(
-            f"{RESULTS}/cards/index.json",
+        # every card (one per model and benchmark) and the index, as the package names them
+        cards=[p for k, p in card_outputs().items() if k != "index"],
+        index=report(
+            card_outputs()["index"],
             caption="../report/cards.rst",
             category="GRID cards",
         ),
@@ -246,7 +188,7 @@ rule cards:
         ENV
     params:
         code=PLAN.code_fingerprint("safetyrepro.analysis.cards"),
-        out_dir=lambda w, output: os.path.dirname(output[0]),
+        out_dir=lambda w, output: os.path.dirname(output.index),
         cross_package=lambda w, input: (
             f"--cross-package {shlex.quote(input.cross_package[0])}"
             if input.cross_package

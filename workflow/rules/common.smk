@@ -13,6 +13,7 @@ from snakemake.utils import min_version
 from safetyrepro.config import config_from_dict, load_config
 from safetyrepro.errors import SafetyReproError
 from safetyrepro import plan as plan_module
+from safetyrepro.analysis import outputs as analysis_outputs
 from safetyrepro.plan import SHARD_PATTERN, SHARD_ROOTS, Plan
 
 min_version("9.0")
@@ -82,9 +83,7 @@ def all_targets():
         f"{RESULTS}/tables/cell_scores.parquet",
         f"{RESULTS}/tables/rho_flip.parquet",
     ]
-    targets += analysis_targets()
-    if CROSS_PACKAGE:
-        targets.append(f"{TABLES}/cross_package.parquet")
+    targets += analysis_targets() + CROSS_PACKAGE_TABLES
     return targets
 
 
@@ -98,44 +97,68 @@ def aggregate_outputs(variant):
     }
 
 
-PAPER_TABLES = ["table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"]
-SIGNIFICANCE_TABLES = ["significance", "significance_configs", "bootstrap_items"]
-FIGURES = [
-    "rho_heatmap",
-    "rho_significance",
-    "orderings",
-    "anova_shares",
-    "shap_summary",
-    "consistency",
-]
+# The analysis steps' outputs, as the package names them (safetyrepro.analysis.outputs):
+# the rules declare exactly what each step writes.
+CARDS = f"{RESULTS}/cards"
+FIGURES_DIR = f"{RESULTS}/figures"
+REPORT_CATEGORY = {
+    "tables": "Tables",
+    "significance": "Significance",
+    "nearest-reversal": "Significance",
+    "variance": "Variance",
+    "robustness": "Robustness",
+    "subsample": "Robustness",
+    "bbq-bias": "Robustness",
+    "precision": "Robustness",
+}
 
 
-# BBQ's bias scores exist only when the run includes BBQ.
-BBQ_BIAS_TABLES = (
-    [f"{TABLES}/bbq_bias.parquet", f"{TABLES}/bbq_bias_summary.parquet"]
-    if "bbq" in RUN.benchmarks
-    else []
-)
+def table_outputs(step):
+    """A table step's outputs: each table's Parquet file and its CSV (in the HTML report,
+    captioned by workflow/report/<table>.rst)."""
+    out = {}
+    for name, path in analysis_outputs.table_outputs(step, TABLES).items():
+        table = name.removesuffix("_csv")
+        if name == table:
+            out[name] = str(path)
+        else:
+            caption = f"../report/{table}.rst"
+            out[name] = report(
+                str(path), caption=caption, category=REPORT_CATEGORY[step]
+            )
+    return out
+
+
+def step_tables(steps):
+    """The Parquet tables the given table steps write, in step order."""
+    return [
+        f"{TABLES}/{t}.parquet" for s in steps for t in analysis_outputs.step_tables(s)
+    ]
+
+
+def figure_outputs():
+    return {k: str(v) for k, v in analysis_outputs.figure_outputs(FIGURES_DIR).items()}
+
+
+def card_outputs():
+    """The cards step's outputs: every card (JSON and Markdown, one per model and
+    benchmark) and the index."""
+    pairs = [(m, b) for m in RUN.models for b in RUN.benchmarks]
+    return {k: str(p) for k, p in analysis_outputs.card_outputs(CARDS, pairs).items()}
+
+
+def report_tables():
+    """The tables report.md shows (safetyrepro.analysis.outputs.REPORT_TABLES) that this run
+    computes."""
+    computed = set(step_tables(PLAN.analysis_steps) + CROSS_PACKAGE_TABLES)
+    tables = (f"{TABLES}/{n}.parquet" for n in analysis_outputs.REPORT_TABLES)
+    return [t for t in tables if t in computed]
 
 
 def analysis_targets():
-    targets = [f"{TABLES}/{t}.parquet" for t in PAPER_TABLES + SIGNIFICANCE_TABLES]
-    targets += [
-        f"{TABLES}/{t}.parquet"
-        for t in (
-            "anova",
-            "shap",
-            "robustness",
-            "subsample_stability",
-            "subsample_rho_flip",
-            "nearest_reversal",
-        )
-    ]
-    targets += BBQ_BIAS_TABLES
-    targets += [f"{RESULTS}/cards/index.json", f"{RESULTS}/report.md"]
-    targets += [f"{RESULTS}/figures/{f}.png" for f in FIGURES]
-    if PLAN.precision_check:
-        targets.append(f"{TABLES}/precision.parquet")
+    targets = step_tables(PLAN.analysis_steps)
+    targets += list(card_outputs().values()) + [f"{RESULTS}/report.md"]
+    targets += list(figure_outputs().values())
     return targets
 
 
@@ -145,6 +168,7 @@ CROSS_PACKAGE_BENCHMARKS = [
     b for b in RUN.benchmarks if b in ("truthfulqa", "bbq", "crows_pairs")
 ]
 CROSS_PACKAGE = bool(ANALYSIS.get("cross_package")) and bool(CROSS_PACKAGE_BENCHMARKS)
+CROSS_PACKAGE_TABLES = [f"{TABLES}/cross_package.parquet"] if CROSS_PACKAGE else []
 
 
 def cell_variant(wildcards):

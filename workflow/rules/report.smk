@@ -3,27 +3,13 @@
 
 rule figures:
     input:
-        tables=[
-            f"{TABLES}/{t}.parquet"
-            for t in (
-                "table2",
-                "significance",
-                "table4",
-                "anova",
-                "shap",
-                "robustness",
-                "robustness_regression",
-            )
-        ],
+        # the tables the figures are drawn from (safetyrepro.analysis.outputs.FIGURES)
+        tables=[f"{TABLES}/{t}.parquet" for t in analysis_outputs.figure_sources()],
     output:
-        [
-            report(
-                f"{RESULTS}/figures/{f}.png",
-                caption=f"../report/fig_{f}.rst",
-                category="Figures",
-            )
-            for f in FIGURES
-        ],
+        **{
+            f: report(path, caption=f"../report/fig_{f}.rst", category="Figures")
+            for f, path in figure_outputs().items()
+        },
     log:
         f"{RESULTS}/logs/figures.log",
     conda:
@@ -39,24 +25,8 @@ rule figures:
 
 rule report_md:
     input:
-        f"{RESULTS}/cards/index.json",
-        [f"{TABLES}/precision.parquet"] if PLAN.precision_check else [],
-        BBQ_BIAS_TABLES,
-        [f"{TABLES}/cross_package.parquet"] if CROSS_PACKAGE else [],
-        tables=[
-            f"{TABLES}/{t}.parquet"
-            for t in PAPER_TABLES
-            + SIGNIFICANCE_TABLES
-            + [
-                "anova",
-                "shap",
-                "robustness",
-                "subsample_stability",
-                "subsample_rho_flip",
-                "nearest_reversal",
-            ]
-        ],
-        figures=[f"{RESULTS}/figures/{f}.png" for f in FIGURES],
+        tables=report_tables(),
+        figures=list(figure_outputs().values()),
     output:
         f"{RESULTS}/report.md",
     log:

@@ -138,6 +138,6 @@ def write_bbq_bias(cell_scores_path: str | Path, item_results_path: str | Path, 
     results = results[results["config"].isin(set(cells["config"]))]  # complete configs only
     table, summary = bbq_bias_table(cells, results, fields, item_path)
     params = {"items_dir": str(items_dir), "definition": "Parrish et al. 2022 s_DIS, s_AMB; seeds pooled"}
-    return write_tables({"bbq_bias": table, "bbq_bias_summary": summary}, out_dir,
+    return write_tables("bbq-bias", {"bbq_bias": table, "bbq_bias_summary": summary}, out_dir,
                         lambda name: output_metadata(name, [(cs.path, cs.meta), (item_path, imeta)], params,
                                                      {"dropped_incomplete_configs": cs.dropped}))

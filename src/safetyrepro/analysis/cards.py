@@ -19,7 +19,6 @@ JSON/YAML file holding the nested form.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Mapping, TypedDict
 
@@ -31,6 +30,7 @@ from ..metrics import pairwise_table
 from ..provenance import code_stamp, code_version_string
 from .common import (check_same_rules, load_cell_scores, read_table, source_record, source_stale_note,
                      version_text)
+from .outputs import CARDS_INDEX, card_stem
 
 CARD_VERSION = 3  # 3: chat template hash, numerics and batch plans disclosed
 
@@ -306,10 +306,6 @@ def cross_package_entry(xp: pd.DataFrame, model: str, benchmark: str) -> dict | 
             "ordering_changes": bool(first["ordering_changes"]), "rows": rows}
 
 
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s)
-
-
 def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict,
                 significance: pd.DataFrame | None = None, reversal: pd.DataFrame | None = None) -> list[dict]:
     prov = load_provenance(provenance)
@@ -355,19 +351,19 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     paths: dict[str, Path] = {}
     index = []
     for card in cards:
-        stem = f"{_slug(card['model'])}__{_slug(card['benchmark'])}"
+        stem = card_stem(card["model"], card["benchmark"])
         atomic_write_text(out_dir / f"{stem}.json", json.dumps(card, indent=2, sort_keys=False) + "\n")
         atomic_write_text(out_dir / f"{stem}.md", card_markdown(card))
         paths[f"{stem}.json"] = out_dir / f"{stem}.json"
         paths[f"{stem}.md"] = out_dir / f"{stem}.md"
         index.append({"model": card["model"], "benchmark": card["benchmark"], "json": f"{stem}.json",
                       "markdown": f"{stem}.md"})
-    atomic_write_text(out_dir / "index.json", json.dumps(
+    atomic_write_text(out_dir / CARDS_INDEX, json.dumps(
         {"source": str(cs.path), "rules_stamp": cs.meta["rules_stamp"], "config_hash": cs.meta["config_hash"],
          "code_version": cs.meta["code_version"], "analysis_code_version": code_version_string(),
          **code_stamp(__name__), "sources": [source_record(p, m) for p, m in sources], "stale": stale,
          "dropped_incomplete_configs": cs.dropped,
          "nominal_config": None if rev is None or rev.empty else str(rev["nominal_config"].iloc[0]),
          "cards": index}, indent=2) + "\n")
-    paths["index"] = out_dir / "index.json"
+    paths["index"] = out_dir / CARDS_INDEX
     return paths

@@ -206,13 +206,22 @@ def write_table(df: pd.DataFrame, out_dir: str | Path, name: str, meta: dict) ->
     return {name: pq_path, f"{name}_csv": csv_path}
 
 
-def write_tables(tables: dict[str, pd.DataFrame], out_dir: str | Path,
+def write_tables(step: str, tables: dict[str, pd.DataFrame], out_dir: str | Path,
                  meta_for: Callable[[str], dict]) -> dict[str, Path]:
-    """Write several already-computed tables (computing first, then writing, so a failing
-    computation leaves no new file behind)."""
+    """Write the already-computed tables of analysis step ``step`` (computing first, then
+    writing, so a failing computation leaves no new file behind). They must be exactly the
+    tables :data:`.outputs.TABLE_STEPS` lists for the step (what its rule declares); the
+    paths returned are :func:`.outputs.table_outputs` of the step."""
+    from .outputs import step_tables, table_outputs
+
+    names = step_tables(step)
+    if set(tables) != set(names):
+        raise ValueError(f"analysis step {step!r} computed the tables {sorted(tables)}, but "
+                         f"safetyrepro.analysis.outputs lists {list(names)} for it")
     paths: dict[str, Path] = {}
-    for name, df in tables.items():
-        paths.update(write_table(df, out_dir, name, meta_for(name)))
+    for name in names:
+        paths.update(write_table(tables[name], out_dir, name, meta_for(name)))
+    assert paths == table_outputs(step, out_dir)
     return paths
 
 

@@ -30,15 +30,8 @@ from ..errors import DataError
 from ..io import atomic_write_bytes
 from ..provenance import code_stamp, code_version_string, stale_reason
 from .common import read_table, source_record
+from .outputs import FIGURES, figure_outputs
 
-FIGURES = {
-    "rho_heatmap": ("table2",),
-    "rho_significance": ("significance", "bootstrap_items"),
-    "orderings": ("table4",),
-    "anova_shares": ("anova",),
-    "shap_summary": ("shap",),
-    "consistency": ("robustness", "robustness_regression"),
-}
 ANOVA_PARTS = [("share_model", "model"), ("share_template", "template"), ("share_decoding", "decoding"),
                ("share_shots", "shots"), ("share_residual", "residual (interactions + noise)")]
 SHAP_AXES = ["model", "template", "decoding", "shots", "scoring"]
@@ -310,15 +303,15 @@ def write_figures(tables_dir: str | Path, out_dir: str | Path, which=None) -> di
         if not p.exists():
             raise DataError(p, f"table needed for figure(s) {[n for n in names if t in FIGURES[n]]} not found")
         tables[t] = read_table(p)
+    path = figure_outputs(out_dir)
     draw = {
-        "rho_heatmap": lambda: rho_heatmap(tables["table2"][0], tables["table2"][1], out_dir / "rho_heatmap.png"),
+        "rho_heatmap": lambda: rho_heatmap(tables["table2"][0], tables["table2"][1], path["rho_heatmap"]),
         "rho_significance": lambda: rho_significance_chart(tables["significance"][0], tables["bootstrap_items"][0],
-                                                           tables["significance"][1],
-                                                           out_dir / "rho_significance.png"),
-        "orderings": lambda: orderings_chart(tables["table4"][0], tables["table4"][1], out_dir / "orderings.png"),
-        "anova_shares": lambda: anova_chart(tables["anova"][0], tables["anova"][1], out_dir / "anova_shares.png"),
-        "shap_summary": lambda: shap_chart(tables["shap"][0], tables["shap"][1], out_dir / "shap_summary.png"),
+                                                           tables["significance"][1], path["rho_significance"]),
+        "orderings": lambda: orderings_chart(tables["table4"][0], tables["table4"][1], path["orderings"]),
+        "anova_shares": lambda: anova_chart(tables["anova"][0], tables["anova"][1], path["anova_shares"]),
+        "shap_summary": lambda: shap_chart(tables["shap"][0], tables["shap"][1], path["shap_summary"]),
         "consistency": lambda: consistency_chart(tables["robustness"][0], tables["robustness_regression"][0],
-                                                 tables["robustness"][1], out_dir / "consistency.png"),
+                                                 tables["robustness"][1], path["consistency"]),
     }
     return {n: draw[n]() for n in names}

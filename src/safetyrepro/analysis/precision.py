@@ -93,6 +93,6 @@ def write_precision_check(main_scores_path: str | Path, bf16_scores_path: str | 
     if summary.loc[summary["benchmark"] == "ALL", "n_cells_paired"].iloc[0] == 0:
         raise DataError(bf16.path, f"no {SUB_ENVELOPE} cell pairs with {main.path}")
     params = {"sub_envelope": SUB_ENVELOPE, "tol": tol}
-    return write_tables({"precision": summary, "precision_cells": cells}, out_dir,
+    return write_tables("precision", {"precision": summary, "precision_cells": cells}, out_dir,
                         lambda name: output_metadata(name, [(main.path, main.meta), (bf16.path, bf16.meta)],
                                                      params))

@@ -18,12 +18,9 @@ from ..provenance import code_version_string
 from ..metrics import reversal_line
 from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, stale_note, version_text
+from .outputs import REPORT_TABLES
 
 
-REPORT_TABLES = ("table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r",
-                 "bootstrap", "nearest_reversal", "subsample_stability", "subsample_rho_flip",
-                 "precision", "anova", "shap", "robustness", "robustness_regression", "bbq_bias_summary",
-                 "cross_package")
 
 
 def _fmt(v, digits: int = 3) -> str:

@@ -214,6 +214,6 @@ def write_robustness(cell_scores_path: str | Path, item_results_path: str | Path
     rob = robustness_table(cs.df, items, spaces, nominal_config, item_path)
     tables = {"robustness": rob, "robustness_regression": regression(rob)}
     params = {"nominal_config": nominal_config, "items_dir": str(items_dir), "seed_used": 0}
-    return write_tables(tables, out_dir, lambda name: output_metadata(
+    return write_tables("robustness", tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta), (item_path, imeta)], params,
         {"dropped_incomplete_configs": cs.dropped}))

@@ -70,7 +70,7 @@ def write_significance(cell_scores_path: str | Path, item_results_path: str | Pa
               "tie_rule": tie_rule(tol, exact=all(g.exact for g in grids)).as_dict(),
               "correction": "holm over configs per (benchmark, pair)",
               "n_items": {g.benchmark: g.n_items for g in grids}, "skipped_benchmarks": skipped}
-    return write_tables(tables, out_dir, lambda name: output_metadata(
+    return write_tables("significance", tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta), (ipath, imeta)], params, {"dropped_incomplete_configs": cs.dropped}))
 
 

@@ -254,6 +254,5 @@ def write_subsample_stability(item_results_path: str | Path, items_dir: str | Pa
                                                parity=parity)
     params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,
               "seeds_used": f"{seed}..{seed + repeats - 1}", "items_dir": str(items_dir)}
-    return write_tables({"subsample_stability": summary, "subsample_cells": cells, "subsample_rho_flip": rhos},
-                        out_dir,
-                        lambda name: output_metadata(name, [(path, meta)], params))
+    tables = {"subsample_stability": summary, "subsample_cells": cells, "subsample_rho_flip": rhos}
+    return write_tables("subsample", tables, out_dir, lambda name: output_metadata(name, [(path, meta)], params))

@@ -312,7 +312,7 @@ def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, thr
               "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict()}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
                           bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules)
-    return write_tables(tables, out_dir, lambda name: output_metadata(
+    return write_tables("tables", tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))
 
 
@@ -334,5 +334,5 @@ def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, no
     params = {"nominal_config": nominal, "tol": tol, "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
               "significance": "significance_configs (Holm-corrected per-config tests)" if sig is not None
               else "not computed (no item-level significance given)"}
-    return write_tables({"nearest_reversal": table}, out_dir, lambda name: output_metadata(
+    return write_tables("nearest-reversal", {"nearest_reversal": table}, out_dir, lambda name: output_metadata(
         name, sources, params, {"dropped_incomplete_configs": cs.dropped}))

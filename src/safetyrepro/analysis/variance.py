@@ -270,5 +270,5 @@ def write_variance(cell_scores_path: str | Path, out_dir: str | Path, *, tol: fl
     cs = load_cell_scores(cell_scores_path)
     tables = variance_tables(cs.df, tol, seed)
     params = {"tol": tol, "seed": seed, "anova_formula": ANOVA_FORMULA, "lightgbm": lgb_params(seed)}
-    return write_tables(tables, out_dir, lambda name: output_metadata(
+    return write_tables("variance", tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))

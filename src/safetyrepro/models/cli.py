@@ -24,13 +24,14 @@ def register(app: typer.Typer) -> None:
         Hub models are downloaded here (progress bars on stderr), never inside a cell; a
         failure names the model and what to do, and exits with status 2."""
         from ..config import load_config
-        from ..hashing import canonical_hash
         from ..io import atomic_write_text
+        from ..plan import Plan
         from .prepare import prepare_model, recorded_weights_hash
 
         from .load import require_device
 
         cfg = load_config(config)
+        plan = Plan(cfg)
         require_device(cfg)  # runtime.device: cuda without a GPU: stop before downloading
         records = {}
         for key in model or cfg.models:
@@ -39,7 +40,7 @@ def register(app: typer.Typer) -> None:
             records[key] = {"path": str(path),
                             "weights_hash": recorded_weights_hash(cfg.resources_dir, path),
                             "chat_template_hash": _template_hash(path),
-                            "source_fingerprint": canonical_hash(cfg.model(key)["source"])}
+                            "source_fingerprint": plan.source_fingerprint(key)}
         if marker is not None:
             atomic_write_text(marker, json.dumps(records, indent=2, sort_keys=True))
 

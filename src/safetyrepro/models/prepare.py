@@ -121,10 +121,12 @@ def local_record_path(resources_dir: Path, folder: Path) -> Path:
     return Path(resources_dir) / "models" / "local" / digest / MARKER
 
 
-def record_local(resources_dir: Path, key: str, folder: Path) -> dict:
+def record_local(resources_dir: Path, key: str, folder: Path, *, announce: bool = False) -> dict:
     """The weights record of a ``local`` model folder (module docstring): reused while every
     ``*.safetensors`` file keeps its name, size and modification time, else recomputed (one
-    full read of the weights) and rewritten. Kept under resources, not in the user's folder."""
+    full read of the weights) and rewritten. Kept under resources, not in the user's folder.
+    ``announce``: say on stderr when the weights are read (the workflow plans with this
+    record, so a changed folder is read while Snakemake builds its plan)."""
     folder = Path(folder).resolve()
     files = _weights_files(folder)
     if not files:
@@ -134,6 +136,9 @@ def record_local(resources_dir: Path, key: str, folder: Path) -> dict:
     rec = read_marker(path.parent)
     if rec and rec.get("path") == str(folder) and rec.get("weights_files") == files:
         return rec
+    if announce:
+        print(f"model {key}: hashing the weights in {folder} (not recorded yet, or a weights file "
+              "changed since)", file=sys.stderr, flush=True)
     rec = {"format": MARKER_FORMAT, "source_kind": "local", "path": str(folder),
            "weights_hash": weights_hash(folder), "weights_files": files,
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -374,10 +374,11 @@ def run_in_worker(state_dir: str | os.PathLike, key: str, loader: str,
                 time.sleep(0.05)
             continue
         err = _remote_error(reply, paths, pid, target, label)
-        if reply.get("stale"):
+        if reply.get("stale") and stale_pid is not None:
             err.args = (f"{err.args[0]}\n(a fresh worker, pid {pid}, found the same mismatch after "
-                        f"the stale one, pid {stale_pid}, exited: the code, config, rules or task "
-                        "files changed after the workflow planned this job; run the workflow again)",)
+                        f"the stale one, pid {stale_pid}, exited: the code, config, rules, task files "
+                        "or model weights changed after the workflow planned this job; run the "
+                        "workflow again)",)
         raise err
     raise WorkerError(f"gave up running {what} after {MAX_ATTEMPTS} attempts: the worker for "
                       f"{key} kept shutting down (another client is taking the device?)")

@@ -1,0 +1,93 @@
+"""What each analysis step writes, by name: the one list that a step's code writes and that its
+workflow rule declares (``workflow/rules/analysis.smk`` and ``report.smk`` import it, as the
+aggregation rules import :func:`safetyrepro.plan.aggregate_outputs`).
+
+A *step* is a ``safetyrepro analyze`` command. Table steps write every table twice, as
+``<name>.parquet`` (stamped) and ``<name>.csv``; the figures step one ``<name>.png`` per
+figure; the cards step one JSON and one Markdown card per (model, benchmark) and an index.
+This module imports nothing heavy, so the Snakefile reads it at no cost."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# table step (the `analyze` command) -> the tables it writes, in writing order
+TABLE_STEPS: dict[str, tuple[str, ...]] = {
+    "tables": ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"),
+    "significance": ("significance", "significance_configs", "bootstrap_items"),
+    "nearest-reversal": ("nearest_reversal",),
+    "variance": ("anova", "shap"),
+    "robustness": ("robustness", "robustness_regression"),
+    "subsample": ("subsample_stability", "subsample_cells", "subsample_rho_flip"),
+    "bbq-bias": ("bbq_bias", "bbq_bias_summary"),
+    "precision": ("precision", "precision_cells"),
+}
+
+# figure -> the tables it is drawn from (the figures step reads exactly these)
+FIGURES: dict[str, tuple[str, ...]] = {
+    "rho_heatmap": ("table2",),
+    "rho_significance": ("significance", "bootstrap_items"),
+    "orderings": ("table4",),
+    "anova_shares": ("anova",),
+    "shap_summary": ("shap",),
+    "consistency": ("robustness", "robustness_regression"),
+}
+
+# the tables report.md shows (those a run did not produce are named as missing there)
+REPORT_TABLES: tuple[str, ...] = (
+    "table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r", "bootstrap",
+    "nearest_reversal", "subsample_stability", "subsample_rho_flip", "precision", "anova", "shap",
+    "robustness", "robustness_regression", "bbq_bias_summary", "cross_package")
+
+CARDS_INDEX = "index.json"
+
+
+def step_tables(step: str) -> tuple[str, ...]:
+    """The tables of table step ``step``; KeyError naming the known steps otherwise."""
+    try:
+        return TABLE_STEPS[step]
+    except KeyError:
+        raise KeyError(f"no analysis table step {step!r}; known: {sorted(TABLE_STEPS)}") from None
+
+
+def table_outputs(step: str, out_dir: str | Path) -> dict[str, Path]:
+    """``{name: <out_dir>/<name>.parquet, name_csv: <out_dir>/<name>.csv}`` for every table of
+    ``step``: the files the step writes (:func:`.common.write_tables` returns the same dict)."""
+    out_dir = Path(out_dir)
+    paths: dict[str, Path] = {}
+    for name in step_tables(step):
+        paths[name] = out_dir / f"{name}.parquet"
+        paths[f"{name}_csv"] = out_dir / f"{name}.csv"
+    return paths
+
+
+def figure_outputs(out_dir: str | Path) -> dict[str, Path]:
+    """``{figure: <out_dir>/<figure>.png}`` of every figure the figures step draws."""
+    return {name: Path(out_dir) / f"{name}.png" for name in FIGURES}
+
+
+def figure_sources() -> tuple[str, ...]:
+    """The tables the figures step reads, each once, in figure order."""
+    return tuple(dict.fromkeys(t for sources in FIGURES.values() for t in sources))
+
+
+def card_stem(model: str, benchmark: str) -> str:
+    """The file stem of the (model, benchmark) card: ``<model>__<benchmark>`` with anything
+    but letters, digits, ``.``, ``_`` and ``-`` replaced by ``_``."""
+    def slug(s: str) -> str:
+        return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(s))
+    return f"{slug(model)}__{slug(benchmark)}"
+
+
+def card_outputs(out_dir: str | Path, pairs) -> dict[str, Path]:
+    """The cards step's files for the (model, benchmark) ``pairs`` (a run's models x
+    benchmarks): ``index`` and, per card, ``<stem>.json`` and ``<stem>.md``."""
+    out_dir = Path(out_dir)
+    paths: dict[str, Path] = {}
+    for model, benchmark in pairs:
+        stem = card_stem(model, benchmark)
+        paths[f"{stem}.json"] = out_dir / f"{stem}.json"
+        paths[f"{stem}.md"] = out_dir / f"{stem}.md"
+    paths["index"] = out_dir / CARDS_INDEX
+    return paths
