@@ -171,8 +171,10 @@ def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monke
     so the second starts with every remaining cell ready: 1 group job of that model, 2 of the
     other. It runs with --jobs 2 (the cluster's two GPUs), so Snakemake submits 2 group jobs,
     chosen by priority: the first model's only group and one of the other's. Both fit at once
-    (2 GPUs, 2 CPUs) and Slurm starts them at submission. (Without the resumed first half,
-    the priorities pick two groups of one model, as in CI on 2026-12-02.)"""
+    (2 GPUs, 2 CPUs) and Slurm starts them at submission. (With 2 groups of each model,
+    --jobs 2 would submit the first model's two; without --jobs all four go together in an
+    order Snakemake does not fix (a set), and in CI on 2026-12-02 Slurm started the two
+    smol-fp32 groups first.)"""
     import pyarrow.parquet as pq
 
     from safetyrepro.config import load_config
