@@ -120,8 +120,8 @@ def run_workflow(
     by default; each check that finds no finished job adds 10 s) so small CI workflows finish
     quickly: a trivial job takes ~5 s here (two Snakemake start-ups, sbatch and srun), so 8 s
     usually catches it on the first check. It stays well under a third of Slurm's MinJobAge
-    (300 s), which squeue polling requires. Successful jobs' Slurm logs are kept under
-    ``workdir/.snakemake/slurm_logs`` for inspection.
+    (3600 s in .ci/slurm/up.sh), which squeue polling requires. Successful jobs' Slurm logs
+    are kept under ``workdir/.snakemake/slurm_logs`` for inspection.
     """
     command = snakemake_command(workdir, configfile, extra_args, snakefile=snakefile,
                                 profile=profile, timeout_s=timeout_s,

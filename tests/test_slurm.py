@@ -126,7 +126,9 @@ def _tiny_project(dest):
 
     project, config = make_project_copy(dest, {
         "benchmarks": {"xstest": {"n_items": 2}},
-        "envelope": {"rules": "tests/configs/envelope_micro.yaml", "name": "full"},
+        # absolute, so the test's own Plan (imported from the checkout) reads it too
+        "envelope": {"rules": str(dest / "tests" / "configs" / "envelope_micro.yaml"),
+                     "name": "full"},
         "analysis": {"precision_check": False},
     })
     (project / "tests" / "configs" / "envelope_micro.yaml").write_text(yaml.safe_dump(MICRO_ENVELOPE))
@@ -157,36 +159,74 @@ def _shards(results):
 
 
 def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monkeypatch):
-    """The README's cluster command on the tiny config: cells run in group jobs (one model and
-    variant each, --group-components 2), each group job asks for one GPU, the model's memory
-    and the sum of its cells' minutes, starts exactly one worker, which is gone when the job
-    ends; group jobs of different models run at once on the two GPUs, each with its own worker;
-    the run ends printing loads per worker key = group jobs."""
+    """The README's cluster command on the tiny config, in two invocations (a resumed run):
+    cells run in group jobs (one model and variant each, --group-components 2), each group job
+    asks for one GPU, the model's memory and the sum of its cells' minutes, starts exactly one
+    worker, which is gone when the job ends; group jobs of different models run at once on
+    the two GPUs, each with its own worker; the run ends printing loads per worker key = group
+    jobs.
+
+    Why different models necessarily overlap: the first invocation computes 2 of the 4 cells
+    of the model whose cells have the highest priority (smol-fp32) and prepares both models,
+    so the second starts with every remaining cell ready: 1 group job of that model, 2 of the
+    other. It runs with --jobs 2 (the cluster's two GPUs), so Snakemake submits 2 group jobs,
+    chosen by priority: the first model's only group and one of the other's. Both fit at once
+    (2 GPUs, 2 CPUs) and Slurm starts them at submission. (With 2 groups of each model,
+    --jobs 2 would submit the first model's two; without --jobs all four go together in an
+    order Snakemake does not fix (a set), and in CI on 2026-12-02 Slurm started the two
+    smol-fp32 groups first.)"""
     import pyarrow.parquet as pq
+
+    from safetyrepro.config import load_config
+    from safetyrepro.plan import Plan
 
     project, config = _tiny_project(tmp_path / "p")
     monkeypatch.setenv("PYTHONPATH", str(project / "src"))
     results = project / "results"
+    plan = Plan(load_config(config))
+    first, other = sorted(plan.cfg.models, key=lambda m: -plan.cell_priority(m))
+    assert plan.cell_priority(first) > plan.cell_priority(other)
+    group_args = ["--group-components", "cells_{model}_{shards}=2"]
+
+    # 1. two cells of the first model, and the other model prepared
+    done_first = [plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+                  for j in plan.jobs() if j.model == first][:2]
+    pre_targets = [str(p.relative_to(project)) for p in done_first]
+    pre_targets.append(str(plan.model_marker(other).relative_to(project)))
+    pre = run_workflow(project, config, pre_targets + group_args, timeout_s=900)
+    assert pre.returncode == 0, pre.describe()
+    pre_groups = _group_jobs(pre)
+    assert {k: len(v) for k, v in pre_groups.items()} == {(first, "shards"): 1}, pre.describe()
+    # read now: the controller forgets a finished job after MinJobAge
+    finished = {j: scontrol_job(j) for ids in pre_groups.values() for j in ids}
+    before = _shards(results)
+    assert sorted(before) == sorted(done_first)
+
+    # 2. the README's command for the rest, on as many jobs at once as the cluster has GPUs
     t0 = time.time()
-    run = run_workflow(project, config, ["results/tables/cell_scores.parquet",
-                                         "--group-components", "cells_{model}_{shards}=2"],
-                       timeout_s=900)
+    run = run_workflow(project, config, ["results/tables/cell_scores.parquet", "--jobs", "2",
+                                         *group_args], timeout_s=900)
     wall = time.time() - t0
     assert run.returncode == 0, run.describe()
+    # every cell was ready at the start: nothing left to prepare
+    assert "prepare_model" not in run.submitted and "items" not in run.submitted, run.describe()
 
     groups = _group_jobs(run)
-    # 4 cells per model in groups of 2
+    # 2 cells left of the first model, 4 of the other, in groups of 2
     assert {k: len(v) for k, v in groups.items()} == {
-        ("smol-fp32", "shards"): 2, ("smol-nf4", "shards"): 2}, run.describe()
+        (first, "shards"): 1, (other, "shards"): 2}, run.describe()
     assert "cell" not in run.submitted, "a cell ran outside a group"
     shards = _shards(results)
     assert len(shards) == 2 * CELLS_PER_MODEL
+    # the first invocation's shards were not recomputed
+    assert {p: shards[p] for p in before} == before
 
+    finished.update({j: scontrol_job(j) for ids in groups.values() for j in ids})
     events = _events(results)
     jobs = {}
-    for (model, folder), ids in groups.items():
+    for (model, folder), ids in [*pre_groups.items(), *groups.items()]:
         for job_id in ids:
-            job = scontrol_job(job_id)
+            job = finished[job_id]
             assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", job
             # resources of a group job: one GPU, the model's memory, the sum of its cells'
             # minutes
@@ -194,16 +234,17 @@ def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monke
             assert job["MinMemoryNode"] == f"{CELL_MEM_MB}M", job
             jobs[job_id] = (model, folder, job)
     n_cells = {j: 0 for j in jobs}
+    pids = {}
     for job_id, (model, folder, job) in jobs.items():
         mine = [e for e in events if e.get("allocation") == f"slurm{job_id}"]
         loads = [e for e in mine if e["event"] == "load" and e.get("ok")]
         # exactly one worker, loaded once, for this job's model and variant
         assert len(loads) == 1, (job_id, mine)
-        quant = "fp32" if model == "smol-fp32" else "nf4"
+        quant = plan.quantization(model, "main")
         assert loads[0]["key"].startswith(f"{model}.{quant}."), loads
-        pids = {e["pid"] for e in mine}
-        assert len(pids) == 1, mine
-        pid = pids.pop()
+        job_pids = {e["pid"] for e in mine}
+        assert len(job_pids) == 1, mine
+        pid = pids[job_id] = job_pids.pop()
         calls = [e for e in mine if e["event"] == "call"]
         n_cells[job_id] = len(calls)
         assert f"{len(calls) * CELL_MINUTES:02d}:00" in job["TimeLimit"], (job, len(calls))
@@ -214,33 +255,31 @@ def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monke
         assert not is_worker_process(pid), f"worker {pid} of job {job_id} still runs"
     assert sum(n_cells.values()) == len(shards)
 
-    # two group jobs ran at the same time, on different GPUs, each with its own worker
-    # (distinct pid, its own allocation's state dir). Which models they belong to is up to the
-    # scheduler: the model priorities put a model's groups first, so with two GPUs the first
-    # pair is often two groups of one model (CI, 2026-12-02); that different models' jobs
-    # overlap is therefore not asserted here (issue 17 note).
-    overlapping = [
-        (a, b) for a in jobs for b in jobs
-        if a < b
-        and scontrol_epoch(jobs[a][2]["StartTime"]) < scontrol_epoch(jobs[b][2]["EndTime"])
-        and scontrol_epoch(jobs[b][2]["StartTime"]) < scontrol_epoch(jobs[a][2]["EndTime"])
-    ]
-    assert overlapping, {j: (m, job["StartTime"], job["EndTime"]) for j, (m, f, job) in jobs.items()}
-    for a, b in overlapping:
-        pa = {e["pid"] for e in events if e.get("allocation") == f"slurm{a}"}
-        pb = {e["pid"] for e in events if e.get("allocation") == f"slurm{b}"}
-        assert pa and pb and not pa & pb
+    # group jobs of the two models ran at the same time, on the two GPUs, each with its own
+    # worker (a pid of its own, recorded under its own allocation)
+    def span(job_id):
+        job = jobs[job_id][2]
+        return scontrol_epoch(job["StartTime"]), scontrol_epoch(job["EndTime"])
 
-    # the end-of-run summary: loads per worker key = group jobs of that model and variant
+    across = [(a, b) for a in groups[(first, "shards")] for b in groups[(other, "shards")]
+              if span(a)[0] < span(b)[1] and span(b)[0] < span(a)[1]]
+    assert across, {j: (m, job["StartTime"], job["EndTime"]) for j, (m, f, job) in jobs.items()}
+    for a, b in across:
+        assert pids[a] != pids[b]
+
+    # the end-of-run summary (this invocation's events): loads per worker key = its group jobs
+    # of that model and variant
     summary = json.loads((results / "logs" / "run_summary.json").read_text())
     loads = {key: e["loads"] for key, e in summary["keys"].items()}
+    assert len(loads) == len(groups), (loads, groups)
     for (model, folder), ids in groups.items():
-        quant = "fp32" if model == "smol-fp32" else "nf4"
+        quant = plan.quantization(model, "main")
         [key] = [k for k in loads if k.startswith(f"{model}.{quant}.")]
         assert loads[key] == len(ids), (loads, groups)
     assert "model loads and loading share" in run.output
-    print(f"\ncluster run (tiny config, micro envelope): wall {wall:.0f} s; group jobs "
-          f"{ {f'{m}/{f}': len(v) for (m, f), v in groups.items()} }; loads {loads}")
+    print(f"\ncluster run (tiny config, micro envelope, second invocation): wall {wall:.0f} s; "
+          f"group jobs { {f'{m}/{f}': len(v) for (m, f), v in groups.items()} }; "
+          f"loads {loads}; overlapping across models {across}")
     scores = pq.read_table(results / "tables" / "cell_scores.parquet")
     assert scores.num_rows > 0
 

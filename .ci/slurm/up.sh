@@ -14,8 +14,8 @@
 # Slurm facts this relies on (details: ../shared/cluster/SINGLE_NODE_SLURM.md):
 # - the config must live at /etc/slurm/slurm.conf: the jobstep plugin strips SLURM_CONF from the
 #   inner srun's environment;
-# - no accounting database, so the profile polls with squeue; MinJobAge (300 s) keeps finished
-#   jobs visible to squeue long enough;
+# - no accounting database, so the profile polls with squeue; MinJobAge (1 h) keeps finished
+#   jobs visible to squeue long enough, and to the tests' scontrol for the whole step;
 # - the two fake GPUs are gres with File=/dev/null and /dev/zero (without File= the node goes
 #   INVAL);
 # - no cgroups: linuxproc process tracking, no task plugin.
@@ -95,9 +95,11 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # Without a default, a job without --mem would take all of the node's memory.
 DefMemPerCPU=1000
-# Finished jobs stay visible to squeue/scontrol this long (the status polling needs >= 3x the
-# plugin's first status interval).
-MinJobAge=300
+# Finished jobs stay visible to squeue/scontrol this long: the status polling needs >= 3x the
+# plugin's first status interval, and the tests read every job of a run with scontrol after
+# the run, which takes up to ~7 min on CI's shared 2 cores (the default 300 s lost the first
+# jobs; the whole Slurm step is bounded to 25 min).
+MinJobAge=3600
 ReturnToService=2
 GresTypes=gpu
 NodeName=$HOST $NODE_TOPOLOGY RealMemory=$REAL_MEM Gres=gpu:2 State=UNKNOWN
