@@ -32,6 +32,23 @@ def test_state_dir_is_per_allocation(monkeypatch, tmp_path):
     assert node_state_dir(tmp_path, host="n7") == tmp_path / "n7.slurm4711"
 
 
+def test_device_lock_names_the_nodes_gpu_not_the_renumbered_one(monkeypatch):
+    # a cluster with device cgroups shows every job its GPU as CUDA_VISIBLE_DEVICES=0; two jobs
+    # on GPUs 2 and 3 of one node must not share a device lock
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    assert state.device_id() == "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b/3")
+    assert state.device_id() == "GPU-1a2b_3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("SLURM_JOB_GPUS", "2,5")
+    first = state.device_id()
+    monkeypatch.setenv("SLURM_JOB_GPUS", "3")
+    assert (first, state.device_id()) == ("2", "3")
+    monkeypatch.setenv("SLURM_STEP_GPUS", "5")  # a step's own GPU wins over the job's
+    assert state.device_id() == "5"
+
+
 def test_long_socket_path_does_not_depend_on_tmpdir(monkeypatch, tmp_path):
     deep = tmp_path / ("x" * 60) / "results" / ".workers" / "node.slurm123456"
     monkeypatch.setenv("TMPDIR", str(tmp_path / "job1"))

@@ -165,11 +165,17 @@ DEVICE_DIR_ENV = "SAFETYREPRO_DEVICE_LOCK_DIR"
 
 
 def device_id() -> str:
-    """The device a worker loads its model on, as a file-name part: the first entry of
-    CUDA_VISIBLE_DEVICES (the device "cuda" means; an index or a GPU UUID, as Slurm and
-    container runtimes set it), else "0". On a CPU-only node every worker shares "0", so
-    runs on one node never hold two models at once there either."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    """The device a worker loads its model on, as a file-name part: the first GPU of the
+    Slurm step or job (SLURM_STEP_GPUS, SLURM_JOB_GPUS: the node's own indices), else the
+    first entry of CUDA_VISIBLE_DEVICES (the device "cuda" means; an index or a GPU UUID),
+    else "0". Slurm's name comes first because a cluster that confines each job to its GPUs
+    with device cgroups renumbers CUDA_VISIBLE_DEVICES from 0 in every job: two jobs on
+    different GPUs of one node would then wait for one lock. On a CPU-only node every worker
+    shares "0", so runs on one node never hold two models at once there either."""
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        visible = os.environ.get(var, "").split(",")[0].strip()
+        if visible:
+            break
     return re.sub(r"[^A-Za-z0-9._-]", "_", visible) or "0"
 
 
