@@ -37,6 +37,7 @@ from ..errors import CellError
 from .batching import BatchRecord, Progress, run_with_oom_fallback
 from .decode import Generation, decode_rows, decode_stream_columns
 from .cache import fork_cache
+from .attention import GROUPED_NAMES, attn_implementation
 from .capabilities import Capabilities
 from .encoding import encode_prompt
 from .memory import MemoryBudget, ModelDims, budget_for, generation_footprint, plan_batches
@@ -181,6 +182,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                 return {i: [gens[s * n + j] for s in range(k)] for j, i in enumerate(rows)}
 
             dims = ModelDims.of(lm)
+            grouped = attn_implementation(lm.model) in GROUPED_NAMES
             if budget is None:
                 budget = budget_for(lm, dims, store_bytes=store.max_bytes if store is not None else 0)
             kinds: dict[tuple, int] = {}
@@ -192,14 +194,15 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                                             detached=prefix.detached, streams=k,
                                             max_new_tokens=max_new_tokens,
                                             columns=bool(columns) or k == 1,
-                                            largest_kind=max(kinds.values()))
+                                            largest_kind=max(kinds.values()), grouped=grouped)
 
             plan = plan_batches([len(e) - len(prefix) for e in enc], batch_size, footprint,
                                 budget.budget_bytes)
             if record is not None:
                 record.plans.append({
                     "what": "generation", "budget": budget.record(), "streams": k,
-                    "stream_columns": bool(columns), "prefix_tokens": len(prefix),
+                    "stream_columns": bool(columns), "grouped_attention": grouped,
+                    "prefix_tokens": len(prefix),
                     "max_new_tokens": max_new_tokens, "batch_size_cap": batch_size,
                     "batches": [{"prompts": len(b), "longest": max(len(enc[i]) for i in b),
                                  "footprint_bytes": f} for b, f in plan]})
