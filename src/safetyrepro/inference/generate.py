@@ -86,7 +86,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                      window_full: bool = True,
                      record: BatchRecord | None = None,
                      budget: MemoryBudget | None = None,
-                     refill: bool = True) -> list[list[Generation]]:
+                     refill: bool | None = None) -> list[list[Generation]]:
     """Decode every prompt under each of ``streams`` (greedy and sampled ones may mix),
     prefilling each batch ONCE and decoding all streams of the batch in one forward per step;
     returns one list of generations (input order) per stream. Each (stream, prompt) keeps its
@@ -117,7 +117,10 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     and their columns, and a row whose prompt has finished takes the next prompt of the
     (longest-first) queue instead of the batch running on with fewer rows until its slowest
     prompt ends. Same outputs in fp32 (tested); an out-of-memory error halves the rows.
-    ``record.decode`` counts the decode forwards, token slots fed and dummy ones."""
+    ``record.decode`` counts the decode forwards, token slots fed and dummy ones. Default
+    (None): on for accelerators, where a dummy row costs the device's throughput; off on a
+    CPU, where it was measured to save no forwards on a whole decode group and to run slower
+    (benchmarks/results/refill.json: the ring attends to all its columns once it has wrapped)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:
@@ -215,6 +218,8 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                     "max_new_tokens": max_new_tokens, "batch_size_cap": batch_size,
                     "batches": [{"prompts": len(b), "longest": max(len(enc[i]) for i in b),
                                  "footprint_bytes": f} for b, f in plan]})
+            if refill is None:
+                refill = lm.info.get("device", "cpu") != "cpu"
             continuous = bool(refill and columns)
             if record is not None:
                 record.plans[-1]["refill"] = continuous
