@@ -56,7 +56,8 @@ def main(argv=None) -> int:
 
                 def fp(r):
                     return generation_footprint(d, rows=r, width=width, prefix=prefix, detached=False,
-                                                streams=k, max_new_tokens=t, columns=True)
+                                                streams=k, max_new_tokens=t, columns=True,
+                                                grouped=True)
                 n = max_rows(fp, budget.budget_bytes, CAP)
                 rows.append({"model": name, "group": what, "card_gib": gb, "streams": k,
                              "max_new_tokens": t, "prefix_tokens": prefix, "suffix_tokens": width,

@@ -1,12 +1,16 @@
-"""The CPU engine's two changes to the model itself, each against the path it replaces:
+"""The engine's changes to the model itself, each against the path it replaces:
 
 * engine attention (:mod:`safetyrepro.inference.attention`) against transformers' own ``sdpa``
   function, on random tensors and on the real SmolLM2's generations and scores;
+* grouped heads without key/value copies (``sdpa_grouped``, and the engine's attention
+  outside a shared prefix) against transformers' ``sdpa``, which copies them, on random
+  tensors and on the decode groups of the real SmolLM2 and Qwen2.5-0.5B;
 * NF4 layers dequantised once at load (:mod:`safetyrepro.models.nf4`) against bitsandbytes'
   generic CPU path (dequantise, then bf16 linear), bit for bit."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
@@ -14,7 +18,9 @@ import torch
 
 from safetyrepro.inference import generate, generate_multi_seed, score_candidates
 from safetyrepro.inference import attention
-from safetyrepro.inference.attention import NAME, engine_attention, shared_prefix
+from safetyrepro.inference.attention import (GROUPED, NAME, NAME_REPEAT, engine_attention,
+                                             engine_attention_repeat, grouped_attention,
+                                             shared_prefix)
 from safetyrepro.inference.capabilities import Capabilities
 from safetyrepro.models import format_prompt, load_model
 
@@ -133,13 +139,77 @@ def test_engine_attention_bf16_close_to_sdpa():
     assert_within(got, want, _bound(module, query, fk, fv, fm, storage=torch.bfloat16), "bf16")
 
 
-def test_engine_attention_outside_the_context_is_sdpa_and_refuses_what_it_cannot_combine():
+def test_engine_attention_outside_the_context_is_grouped_sdpa_and_refuses_what_it_cannot_combine():
     module, query, key, value, mask, prefix, _ = _case(3, 3, 3, 5, 40, 20)
     plain, _ = engine_attention(module, query, key, value, mask, scaling=module.scaling)
-    assert torch.equal(plain, _stock(module, query, key, value, mask))
+    # the same arithmetic as grouped_attention (bit for bit); the repeat variant is sdpa's
+    assert torch.equal(plain, grouped_attention(module, query, key, value, mask, scaling=module.scaling)[0])
+    repeat, _ = engine_attention_repeat(module, query, key, value, mask, scaling=module.scaling)
+    assert torch.equal(repeat, _stock(module, query, key, value, mask))
     with shared_prefix(prefix), pytest.raises(RuntimeError, match="position bias"):
         engine_attention(module, query, key, value, mask, scaling=module.scaling,
                          position_bias=torch.zeros(1))
+
+
+# --------------------------------------------------------------------------------------------
+# grouped heads without key/value copies
+# --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _counting_repeat_kv():
+    """Counts transformers' ``repeat_kv`` calls (the per-head key/value copies) inside."""
+    import transformers.integrations.sdpa_attention as sdpa_mod
+
+    real, calls = sdpa_mod.repeat_kv, []
+
+    def counted(hidden, n_rep):
+        calls.append(n_rep)
+        return real(hidden, n_rep)
+    sdpa_mod.repeat_kv = counted
+    try:
+        yield calls
+    finally:
+        sdpa_mod.repeat_kv = real
+
+
+@pytest.mark.parametrize("b,hkv,groups,q,own", [
+    (3, 3, 3, 11, 40),   # a decode step of 11 stream columns (SmolLM2's grouping)
+    (2, 2, 7, 12, 30),   # a packed prefill row (Qwen2.5-0.5B's grouping)
+    (2, 4, 7, 11, 50),   # Qwen2.5-7B's grouping
+    (2, 1, 4, 3, 8),     # one key/value head (Gemma-like grouping)
+])
+def test_grouped_attention_equals_sdpa_without_copying_keys_and_values(b, hkv, groups, q, own):
+    module, query, key, value, mask, _, _ = _case(b, hkv, groups, q, 0, own)
+    with _counting_repeat_kv() as copies:
+        want = _stock(module, query, key, value, mask)
+    assert copies == [groups, groups]  # transformers copies keys and values here
+    bound = _bound(module, query, key, value, mask)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    for m, what in ((mask, "boolean mask"), (additive, "additive mask"),
+                    (mask[:1].expand(b, -1, -1, -1), "mask broadcast over rows")):
+        with _counting_repeat_kv() as copies:
+            got, _ = grouped_attention(module, query, key, value, m, scaling=module.scaling)
+        assert copies == [], what
+        assert got.shape == want.shape == (b, q, hkv * groups, 16)
+        if what.startswith("mask broadcast"):
+            assert_within(got, _stock(module, query, key, value, m), bound, what)
+        else:
+            assert_within(got, want, bound, what)
+    # the bound has teeth: pairing query heads with the wrong key/value heads breaks it
+    wrong = query.reshape(b, hkv, groups, q, 16).transpose(1, 2).reshape(b, hkv * groups, q, 16)
+    if hkv > 1:
+        bad, _ = grouped_attention(module, wrong, key, value, mask, scaling=module.scaling)
+        assert not bool(((bad - want).abs() <= bound).all())
+
+
+def test_grouped_attention_is_sdpa_where_nothing_is_copied():
+    """One query per row, no mask or no grouping: transformers copies nothing there and its
+    function runs unchanged (bit for bit)."""
+    for b, hkv, groups, q, own, masked in ((4, 3, 3, 1, 9, True), (2, 3, 3, 6, 6, False),
+                                           (2, 6, 1, 5, 20, True)):
+        module, query, key, value, mask, _, _ = _case(b, hkv, groups, q, 0, own)
+        m = mask if masked else None
+        got, _ = grouped_attention(module, query, key, value, m, scaling=module.scaling)
+        assert torch.equal(got, _stock(module, query, key, value, m))
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,6 +273,69 @@ def test_loaded_cpu_model_runs_engine_attention_and_uses_the_shared_prefix(lm, m
         for x, y in zip(a, b):
             assert x.n_tokens == y.n_tokens
             assert x.loglik == pytest.approx(y.loglik, abs=loglik_tol(lm, y.n_tokens, mag))
+
+
+def test_attention_selection_by_device_and_setting():
+    from safetyrepro.config import DEFAULTS
+    from safetyrepro.inference.attention import select_attention
+
+    assert DEFAULTS["runtime"]["grouped_attention"] is True
+    assert select_attention(engine=True, grouped=True) == NAME          # the CPU engine
+    assert select_attention(engine=True, grouped=False) == NAME_REPEAT
+    assert select_attention(engine=False, grouped=True) == GROUPED      # CUDA
+    assert select_attention(engine=False, grouped=False) == "sdpa"
+
+
+def _decode_group(lm, prompts, **kw):
+    from safetyrepro.inference import Stream, generate_streams
+
+    streams = [Stream(0.0), Stream(0.3, 1.0, 0), Stream(0.7, 1.0, 1), Stream(0.7, 1.0, 2)]
+    with Trace().recording() as trace, _counting_repeat_kv() as copies:
+        out = generate_streams(lm, prompts, streams, max_new_tokens=8, batch_size=3, **kw)
+    assert sum(len(v) for v in trace.sequences.values()) == len(streams) * len(prompts)
+    return out, trace, copies
+
+
+def _grouped_equals_copies(lm):
+    """A decode group (greedy + three sampled streams as stream columns: several queries per
+    row under a 4D mask) with grouped heads equals transformers' copies in fp32 under the
+    rule of tests/numerics.py, without a single key/value copy: ``sdpa_grouped`` (the CUDA
+    path, shared prefix in the batch caches) against ``sdpa``, and the CPU engine without a
+    shared prefix (every forward outside one) against its repeat variant."""
+    prompts = _few_shot_prompts(lm, 5)
+    rel = model_rel_tol(lm)
+    try:
+        for grouped, copying, kw in ((GROUPED, "sdpa", {}), (NAME, NAME_REPEAT, {"prefix_cache": False})):
+            lm.model.set_attn_implementation(copying)
+            want_out, want, copies = _decode_group(lm, prompts, **kw)
+            assert copies, copying  # transformers did copy keys/values on this path
+            lm.model.set_attn_implementation(grouped)
+            caps = Capabilities.of(lm)
+            assert caps.mask_4d and caps.detached_prefix == (grouped == NAME)
+            got_out, got, copies = _decode_group(lm, prompts, **kw)
+            assert copies == [], grouped
+            parted = assert_sequences_agree(got, want, rel)
+            assert len(parted) <= 2, parted  # fragile steps are rare; the rest is compared whole
+            for a, b in zip(got_out, want_out):
+                for p, x, y in zip(prompts, a, b):
+                    if not any(k.prompt == p for k in parted):
+                        assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+    finally:
+        lm.model.set_attn_implementation(NAME)
+
+
+@pytest.mark.slow
+def test_grouped_heads_decode_groups_equal_copies_smollm2_fp32(lm):
+    assert lm.model.config.num_attention_heads // lm.model.config.num_key_value_heads == 3
+    _grouped_equals_copies(lm)
+
+
+@pytest.mark.slow
+def test_grouped_heads_decode_groups_equal_copies_qwen_fp32(cfg):
+    qwen = load_model(cfg, "qwen2.5-0.5b", quantization="fp32", device="cpu")
+    assert qwen.info["attention"] == NAME
+    assert qwen.model.config.num_attention_heads // qwen.model.config.num_key_value_heads == 7
+    _grouped_equals_copies(qwen)
 
 
 # --------------------------------------------------------------------------------------------

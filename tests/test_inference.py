@@ -515,6 +515,51 @@ def test_rows_leaving_in_place_change_no_output(lm, columns, monkeypatch):
                 assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
 
 
+def test_refilled_rows_change_no_output_and_save_decode_steps(lm):
+    """A decode group as a continuous batch (finished prompts' cache rows taken over by the
+    next prompts of the queue, stream columns in a ring) against batch after batch: in fp32
+    every stream's tokens agree under the rule of tests/numerics.py (greedy and sampled),
+    the refill ran no more decode forwards (here each prompt keeps a sampled stream to the
+    limit, so whole-batch rounds cost the same; benchmarks/bench_refill.py measures a group
+    where lengths differ), and its rows' columns never grew past the first batch's."""
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.batching import BatchRecord
+
+    prompts = _prompts(lm, QUESTIONS + ["Say hi.", "Count to three."])
+    streams = [Stream(0.0), Stream(0.3, 1.0, 0), Stream(0.7, 1.0, 1)]
+    kw = dict(max_new_tokens=10, batch_size=3)
+    runs = {}
+    for refill in (False, True):
+        rec = BatchRecord()
+        widths = []
+        hook = lm.model.register_forward_pre_hook(
+            lambda mod, args, kwargs: widths.append(kwargs["attention_mask"].shape[-1])
+            if kwargs["input_ids"].shape[1] == len(streams) else None, with_kwargs=True)
+        try:
+            with Trace().recording() as trace:
+                out = generate_streams(lm, prompts, streams, refill=refill, record=rec, **kw)
+        finally:
+            hook.remove()
+        runs[refill] = (out, trace, rec.decode[0], widths)
+    (base, want, d0, w0), (got_out, got, d1, w1) = runs[False], runs[True]
+    assert d0["refill"] is False and d1["refill"] is True and d1["rows"] == 3
+    parted = assert_sequences_agree(got, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, got_out, base):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+    # the same useful tokens in fewer forwards; no row ever held more than the first batch's
+    # columns (prompt columns + a ring of streams x max_new_tokens)
+    assert d1["tokens"] == d0["tokens"] and d1["forwards"] <= d0["forwards"]
+    # (batch by batch, a row's reserved buffer holds its prompt and streams x max_new_tokens
+    # columns, of which the last block is never attended: the last token needs no forward;
+    # the ring attends to all of them)
+    assert max(w0) < max(w1) <= max(w0) + len(streams)
+    # rows were refilled: one decode run over the queue, the 8 prompts through 3 rows
+    assert d1["token_slots"] <= d0["token_slots"]
+    assert {g.n_gen_tokens for gs in got_out for g in gs} != {kw["max_new_tokens"]}
+
+
 def test_generation_batches_follow_the_memory_budget_and_are_recorded(lm):
     """A budget that holds two prompts' footprint makes batches of at most two prompts under
     a cap of 8; the plan (budget and every batch's prompts and footprint) is recorded, and

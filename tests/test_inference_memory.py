@@ -38,6 +38,18 @@ def test_footprint_grows_with_every_dimension_of_the_batch():
     assert _fp(columns=False, largest_kind=5) > _fp(columns=False, largest_kind=1)
 
 
+def test_grouped_heads_drop_the_per_head_key_value_copies_from_the_footprint():
+    """With grouped heads (no ``repeat_kv``) a stream-column decode step holds a folded mask
+    instead of 7 copies of every layer's keys/values (Qwen2.5-7B: 28 query heads on 4)."""
+    ref, grouped = _fp(), _fp(grouped=True)
+    cols = 600 + 900 + 11 * 256
+    copies = 2 * 8 * QWEN7B.q_heads * cols * QWEN7B.head_dim * QWEN7B.act_bytes
+    folded_mask = 8 * 11 * 7 * cols * (1 + QWEN7B.act_bytes)
+    assert ref - grouped == copies - folded_mask  # the decode step is the larger phase here
+    # one query per row (repeated rows): nothing is folded or copied with grouped heads
+    assert _fp(columns=False, grouped=True) < _fp(columns=False)
+
+
 def test_budget_is_a_function_of_total_memory_weights_and_store():
     b = MemoryBudget(total_bytes=80 * GIB, weight_bytes=6 * GIB, store_bytes=2 * GIB)
     assert b.budget_bytes == int(80 * GIB * MEMORY_FRACTION) - 8 * GIB - RESERVE_BYTES

@@ -33,7 +33,29 @@ silently dropping the prefix.
 Only for models whose layers all attend fully: sliding-window layers would need the prefix
 cut to their window (:attr:`.capabilities.Capabilities.detached_prefix` decides; the engine keeps the prefix in
 the batch caches otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
-accepts :data:`NAME` too (:data:`SDPA_LIKE`).
+accepts these implementations too (:data:`SDPA_LIKE`).
+
+Grouped heads without copies (:func:`grouped_attention`, registered as :data:`GROUPED`; also
+what :data:`NAME` does outside a shared prefix). transformers' ``sdpa`` attends with grouped
+heads without copies in two cases only: no mask (torch's ``enable_gqa``) and one query per row
+(the query heads folded per key/value head). A 4D mask with several queries per row, which is
+every packed prefill and every stream-column decode step (a decode group's 11 streams), makes
+it expand keys and values to one copy per query head (``repeat_kv``: 7 copies per layer and
+step for Qwen2.5-7B's 28 query heads on 4 key/value heads). :func:`grouped_attention` folds
+the query heads of each key/value head into the query axis instead
+(``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``, the mask repeated per folded head: booleans,
+not keys/values) and runs torch's ``scaled_dot_product_attention`` on the unrepeated keys and
+values. torch's own ``enable_gqa`` with a mask is not used: on CUDA it leaves the fused
+kernels for the math one (transformers says so in ``use_gqa_in_sdpa``), and the math kernel
+repeats keys/values itself. Each query's scores, softmax and weighted sum are the same
+products over the same keys; only the kernel's blocking of the query axis differs, so results
+equal ``sdpa``'s up to summation order (tested under tests/numerics.py's rule).
+
+Which implementation a model runs is its ``attention`` (recorded in every shard's model info,
+one of the numerics a model's shards must share): ``sdpa`` (transformers, copies),
+:data:`GROUPED` (grouped, no copies; accelerators), :data:`NAME` (shared prefix + grouped;
+the CPU engine) and :data:`NAME_REPEAT` (shared prefix, transformers' ``sdpa`` outside it:
+the CPU engine before grouped heads, selected by ``runtime.grouped_attention: false``).
 """
 
 from __future__ import annotations
@@ -43,8 +65,12 @@ import contextvars
 
 import torch
 
-NAME = "sdpa_engine"
-SDPA_LIKE = ("sdpa", NAME)  # implementations that take sdpa's boolean 4D masks
+NAME = "sdpa_engine"                  # shared prefix; grouped heads without copies outside it
+NAME_REPEAT = "sdpa_engine_repeat"    # shared prefix; transformers' sdpa outside it
+GROUPED = "sdpa_grouped"              # grouped heads without copies, no shared prefix
+ENGINE_NAMES = (NAME, NAME_REPEAT)    # implementations that can attend to a detached prefix
+GROUPED_NAMES = (NAME, GROUPED)       # implementations that attend grouped heads without copies
+SDPA_LIKE = ("sdpa", GROUPED, *ENGINE_NAMES)  # implementations that take sdpa's boolean 4D masks
 
 _SHARED = contextvars.ContextVar("safetyrepro_shared_prefix", default=None)
 
@@ -134,19 +160,52 @@ def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torc
     return out.reshape(b, hq, q, d)
 
 
-def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0,
-                     scaling: float | None = None, is_causal: bool | None = None,
-                     **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function contract: ``query`` ``[B, Hq, Q, D]``, ``key`` /
-    ``value`` ``[B, Hkv, K, D]``, ``attention_mask`` ``[B or 1, 1, Q, K]`` (boolean: may
-    attend; or additive float) or None; returns ``([B, Q, Hq, D], None)``."""
+def _foldable(module, query, key, attention_mask, dropout, kwargs) -> int:
+    """The query heads per key/value head when :func:`grouped_attention` folds them (else 0):
+    grouped heads, several queries per row, a mask shared by all heads, nothing sdpa would
+    have to combine with it (position bias, soft-capping, dropout)."""
+    hq, q, hkv = query.shape[1], query.shape[2], key.shape[1]
+    if (hkv == hq or hq % hkv or q == 1 or attention_mask is None
+            or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+            or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
+            or kwargs.get("output_attentions") or (bool(dropout) and module.training)):
+        return 0
+    return hq // hkv
+
+
+def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                      scaling: float | None = None, is_causal: bool | None = None,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa`` with grouped heads attended without copies of keys/values
+    (module text); the same contract as :func:`engine_attention`. Where nothing is to fold
+    (no grouping, one query, no mask: transformers copies nothing there) it is transformers'
+    function unchanged."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    groups = _foldable(module, query, key, attention_mask, dropout, kwargs)
+    if not groups:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    b, hq, q, d = query.shape
+    hkv = key.shape[1]
+    # head h * groups + g reads key/value head h (repeat_kv's order): fold (g, q) per head h
+    folded = query.reshape(b, hkv, groups * q, d)
+    mask = _fold_mask(attention_mask, groups, q)
+    out = torch.nn.functional.scaled_dot_product_attention(folded, key, value, attn_mask=mask,
+                                                           scale=scaling)
+    return out.reshape(b, hq, q, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+def _engine(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+            *, grouped: bool, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     prefix = _SHARED.get()
     if prefix is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        plain = grouped_attention if grouped else sdpa_attention_forward
+        return plain(module, query, key, value, attention_mask, dropout=dropout,
+                     scaling=scaling, is_causal=is_causal, **kwargs)
     b, hq, q, d = query.shape
     hkv = key.shape[1]
     groups = hq // hkv
@@ -165,14 +224,41 @@ def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     return out.transpose(1, 2).contiguous(), None
 
 
+def engine_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, dropout: float = 0.0,
+                     scaling: float | None = None, is_causal: bool | None = None,
+                     **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: ``query`` ``[B, Hq, Q, D]``, ``key`` /
+    ``value`` ``[B, Hkv, K, D]``, ``attention_mask`` ``[B or 1, 1, Q, K]`` (boolean: may
+    attend; or additive float) or None; returns ``([B, Q, Hq, D], None)``. Inside
+    :func:`shared_prefix`: the cascade over the prefix and the own columns; outside it:
+    :func:`grouped_attention`."""
+    return _engine(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                   grouped=True, **kwargs)
+
+
+def engine_attention_repeat(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                            is_causal=None, **kwargs):
+    """:func:`engine_attention` with transformers' ``sdpa`` outside a shared prefix (keys and
+    values copied per query head where it copies them): :data:`NAME_REPEAT`."""
+    return _engine(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                   grouped=False, **kwargs)
+
+
+_FUNCTIONS = {NAME: engine_attention, NAME_REPEAT: engine_attention_repeat,
+              GROUPED: grouped_attention}
+
+
 def register() -> None:
-    """Register :data:`NAME` with transformers' attention and mask interfaces (idempotent)."""
+    """Register :data:`NAME`, :data:`NAME_REPEAT` and :data:`GROUPED` with transformers'
+    attention and mask interfaces (idempotent)."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if NAME not in ALL_ATTENTION_FUNCTIONS.valid_keys():
-        ALL_ATTENTION_FUNCTIONS.register(NAME, engine_attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    for name, fn in _FUNCTIONS.items():
+        if name not in ALL_ATTENTION_FUNCTIONS.valid_keys():
+            ALL_ATTENTION_FUNCTIONS.register(name, fn)
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
 
 
 def attn_implementation(model) -> str | None:
@@ -180,11 +266,28 @@ def attn_implementation(model) -> str | None:
     return getattr(config, "_attn_implementation", None)
 
 
-def use_engine_attention(model) -> bool:
-    """Switch ``model`` from ``sdpa`` to :data:`NAME`; returns whether it did (models loaded
-    with another implementation, e.g. eager, keep theirs)."""
+def select_attention(*, engine: bool, grouped: bool) -> str:
+    """The implementation a model loaded with ``sdpa`` switches to: the engine's (shared
+    prefix; the CPU engine) or not, grouped heads without copies or not."""
+    if engine:
+        return NAME if grouped else NAME_REPEAT
+    return GROUPED if grouped else "sdpa"
+
+
+def use_attention(model, name: str) -> bool:
+    """Switch ``model`` from ``sdpa`` to ``name`` (one of :data:`SDPA_LIKE`); returns whether
+    it runs ``name`` now (models loaded with another implementation, e.g. eager, keep theirs)."""
+    if name not in SDPA_LIKE:
+        raise ValueError(f"unknown attention implementation {name!r}; expected one of {SDPA_LIKE}")
     if attn_implementation(model) != "sdpa":
         return False
-    register()
-    model.set_attn_implementation(NAME)
-    return attn_implementation(model) == NAME
+    if name != "sdpa":
+        register()
+        model.set_attn_implementation(name)
+    return attn_implementation(model) == name
+
+
+def use_engine_attention(model, grouped: bool = True) -> bool:
+    """Switch ``model`` from ``sdpa`` to the engine's attention (:data:`NAME`, or
+    :data:`NAME_REPEAT` without grouped heads); returns whether it did."""
+    return use_attention(model, select_attention(engine=True, grouped=grouped))

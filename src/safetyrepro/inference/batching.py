@@ -105,12 +105,16 @@ def run_with_oom_fallback(rows: list[int], fn: Callable[[list[int]], dict], *, w
 class BatchRecord:
     """What the engine decided about its batches during one or more calls, for the caller to
     record (the cells write it into the shard metadata): every out-of-memory split
-    (:class:`Split`) and every memory plan (:mod:`.memory`)."""
+    (:class:`Split`), every memory plan (:mod:`.memory`) and, per generation call, what its
+    decode forwards computed (:class:`.decode.DecodeStats`: forwards, token slots, dummy ones;
+    whether the call refilled rows from its queue)."""
     splits: list[Split] = field(default_factory=list)
     plans: list[dict] = field(default_factory=list)
+    decode: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        return {"oom_splits": [s.as_dict() for s in self.splits], "plans": list(self.plans)}
+        return {"oom_splits": [s.as_dict() for s in self.splits], "plans": list(self.plans),
+                "decode": list(self.decode)}
 
 
 class Progress:

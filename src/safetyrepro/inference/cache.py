@@ -129,8 +129,21 @@ class ReservedLayer(_Buffered, _dynamic_layer_class()):
     def _views(self) -> None:
         self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
 
+    _ring: int | None = None  # ring mode: writes past the capacity wrap to this column
+    _w: int = 0               # ring mode: the next column written
+
     def update(self, key_states, value_states, *args, **kwargs):
-        n, q = self._n, key_states.shape[-2]
+        q = key_states.shape[-2]
+        if self._ring is not None:  # ring mode (:func:`ring`): write at _w, wrap at the end
+            w = self._w if self._w + q <= self._k.shape[-2] else self._ring
+            if w + q > self._k.shape[-2]:
+                raise RuntimeError("a ring cache layer got more columns than its ring holds")
+            self._k[:, :, w:w + q].copy_(key_states)
+            self._v[:, :, w:w + q].copy_(value_states)
+            self._w, self._n = w + q, max(self._n, w + q)
+            self._views()
+            return self.keys, self.values
+        n = self._n
         if n + q > self._k.shape[-2]:
             grown = ReservedLayer(self.keys, self.values, 2 * (n + q))
             self._k, self._v = grown._k, grown._v
@@ -139,6 +152,14 @@ class ReservedLayer(_Buffered, _dynamic_layer_class()):
         self._n = n + q
         self._views()
         return self.keys, self.values
+
+    def write_rows(self, rows: torch.Tensor, cols: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor) -> None:
+        """In place: ``keys``/``values`` ``[len(rows), H, len(cols), D]`` into rows ``rows``
+        at columns ``cols`` (a refilled row's prompt, :func:`.decode.decode_continuous`)."""
+        r, c = rows.to(self._k.device), cols.to(self._k.device)
+        self._k[r[:, None], :, c[None, :]] = keys.permute(0, 2, 1, 3).to(self._k.dtype)
+        self._v[r[:, None], :, c[None, :]] = values.permute(0, 2, 1, 3).to(self._v.dtype)
 
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -237,6 +258,18 @@ def reserve(cache, extra: int, rows: torch.Tensor | None = None):
         else:
             new.layers.append(layer)
     return new
+
+
+def ring(cache, start: int) -> bool:
+    """Switch every layer of a reserved ``cache`` to ring mode: once its buffer is full, the
+    next columns are written from column ``start`` on again (a continuous batch's stream
+    columns, :func:`.decode.decode_continuous`; the caller masks what each row may see).
+    False (nothing changed) where a layer is not a :class:`ReservedLayer`."""
+    if not all(type(layer) is ReservedLayer for layer in cache.layers):
+        return False
+    for layer in cache.layers:
+        layer._ring, layer._w = int(start), layer._n
+    return True
 
 
 class _one_layer:  # a cache-like holder of one layer, for fork_cache

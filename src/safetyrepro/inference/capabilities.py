@@ -11,14 +11,14 @@ Three questions decide the engine's layout; each used to be asked where it was n
   ``logits_to_keep``, and its caches are plain per-layer caches (no sliding window, or one
   treated as full): packed prefill and stream columns.
 * ``detached_prefix``: additionally, the model runs the engine's attention
-  (:data:`.attention.NAME`), so a batch can attend to a shared prefix kept outside its cache.
+  (:data:`.attention.ENGINE_NAMES`), so a batch can attend to a shared prefix kept outside its cache.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention import NAME as ENGINE_ATTENTION
+from .attention import ENGINE_NAMES
 from .attention import attn_implementation
 from .packing import packed_supported, sliding_window
 
@@ -38,6 +38,6 @@ class Capabilities:
         as_full = (window_full and max_positions is not None and window is not None
                    and 0 < int(max_positions) <= window and packed_supported(lm, window))
         mask_4d = packed_supported(lm, 1) and (window is None or as_full)
-        detached = mask_4d and attn_implementation(lm.model) == ENGINE_ATTENTION
+        detached = mask_4d and attn_implementation(lm.model) in ENGINE_NAMES
         return cls(mask_4d=bool(mask_4d), detached_prefix=bool(detached), window_as_full=bool(as_full))
 

@@ -13,10 +13,30 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import drop_rows, fork_cache, reserve
+from .cache import drop_rows, fork_cache, reserve, ring
 from .packing import attention_mask_4d
-from .prefill import Prefix, forward
+from .prefill import Prefix, forward, prefill
 from .sampling import _Sampler
+
+
+@dataclass
+class DecodeStats:
+    """What the decode forwards of a call computed: ``forwards`` (decode steps: one forward
+    each), ``slots`` (token positions fed: cache rows x stream columns per step) and
+    ``tokens`` (those of running sequences; the rest are finished streams' masked dummy
+    tokens)."""
+    forwards: int = 0
+    slots: int = 0
+    tokens: int = 0
+
+    def add(self, slots: int, tokens: int) -> None:
+        self.forwards += 1
+        self.slots += int(slots)
+        self.tokens += int(tokens)
+
+    def as_dict(self) -> dict:
+        return {"forwards": self.forwards, "token_slots": self.slots, "tokens": self.tokens,
+                "dummy_slots": self.slots - self.tokens}
 
 
 @dataclass
@@ -31,11 +51,12 @@ class Generation:
 
 class _Outputs:
     """What each decoded sequence has produced so far, and when and why it stopped; shared by
-    both decode loops."""
+    all decode loops. ``t0s``: per sequence, when its latency starts (default: ``t0``)."""
 
     def __init__(self, lm, n: int, max_new_tokens: int, t0: float):
         self.tok, self.stop_ids, self.stop_strings = lm.tokenizer, set(lm.stop_ids), lm.stop_strings
         self.max_new_tokens, self.t0 = max_new_tokens, t0
+        self.t0s = [t0] * n
         self.ids: list[list[int]] = [[] for _ in range(n)]
         self.finish: list[str | None] = [None] * n
         self.cut: list[int | None] = [None] * n  # text cut position for stop strings
@@ -60,7 +81,7 @@ class _Outputs:
             if self.finish[r] is None:
                 keep.append(j)
             else:
-                self.latency[r] = time.perf_counter() - self.t0
+                self.latency[r] = time.perf_counter() - self.t0s[r]
         return keep
 
     def generations(self, n_prompt: list[int]) -> list[Generation]:
@@ -121,7 +142,8 @@ def decode_rows(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: i
 
 def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
                          max_new_tokens: int, n_prompt: list[int], t0: float,
-                         prefix: Prefix | None = None) -> list[Generation]:
+                         prefix: Prefix | None = None,
+                         stats: DecodeStats | None = None) -> list[Generation]:
     """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
 
     The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
@@ -178,4 +200,127 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         # logits of the running seeds only (finished seeds' dummy columns are not projected)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
                       prefix=prefix, select=(rows, cols))
+        if stats is not None:
+            stats.add(r_n * k, len(active))
     return out.generations([n_prompt[v % n] for v in range(n * k)])
+
+
+def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: _Sampler, *,
+                      n_seeds: int, max_new_tokens: int, slots: int, store=None,
+                      stats: DecodeStats | None = None) -> list[Generation] | None:
+    """Decode ``n_seeds`` streams of every sequence of ``seqs`` (each starting with the
+    prefix's ids; longest first) as stream columns of ``slots`` cache rows that are refilled
+    from the queue: when every stream of a row's prompt has finished, the next waiting prompt
+    is prefilled and takes over the row, instead of the batch shrinking row by row until its
+    slowest prompt ends (:func:`decode_stream_columns` on batches one after another). Rows
+    leave only once the queue is empty. Sequences are stream-major over ``seqs`` (sequence
+    ``s * n + i`` = stream s of prompt i, the ``sampler``'s rows), so each keeps its own
+    generator and decodes what it would in any other batch (in fp32, up to summation order).
+
+    Layout: the first ``slots`` prompts are prefilled as one batch (``C0`` columns: the copied
+    prefix, pads, the longest suffix); a later prompt is no longer (longest first), so its
+    prefill fits those columns right-aligned. Stream columns form a ring of
+    ``n_seeds x max_new_tokens`` columns after them (:func:`.cache.ring`): step t writes
+    block ``t mod max_new_tokens`` of every row, which a prompt that started at step t0 and
+    lives at most ``max_new_tokens`` steps never wraps onto while it runs; the 4D mask lets a
+    row's stream j see its prompt's columns and its own stream's blocks written since the
+    row's prompt started. So the cache never holds more than the first batch's rows and
+    columns (the memory plan of the first batch holds for the whole queue). Returns None
+    (nothing decoded) where the cache layers cannot run as a ring."""
+    n, k, T = len(seqs), n_seeds, max_new_tokens
+    dev = lm.device
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    t_call = time.perf_counter()
+    out = _Outputs(lm, n * k, max_new_tokens, t_call)
+    queue = list(range(n))
+    first, queue = queue[:slots], queue[slots:]
+    cache, mask0, logits0 = prefill(lm, prefix, [seqs[i] for i in first], caps, store=store)
+    c0 = mask0.shape[1]
+    cache = reserve(cache, k * T)
+    if not ring(cache, c0):
+        return None
+    q_pre = len(prefix) - prefix.offset            # prefix columns inside the cache rows
+    base = torch.zeros((len(first), c0), dtype=torch.bool, device=dev)
+    base[:] = mask0.bool()
+    row_item = list(first)                         # the prompt of each cache row (-1: free)
+    start = [0] * len(first)                       # the step at which the row's prompt began
+    own = torch.eye(k, dtype=torch.bool, device=dev)
+    pending: dict[int, int] = {}                   # running sequence -> token to feed next
+
+    def sample(seq_ids: list[int], logits: torch.Tensor) -> None:
+        toks = sampler(logits, seq_ids).tolist()
+        kept = set(out.append(seq_ids, toks))
+        for j, v in enumerate(seq_ids):
+            if j in kept:
+                pending[v] = toks[j]
+
+    def admit(rows: list[int], step: int) -> None:
+        """Prefill the next prompts of the queue into the free ``rows``; sample their first
+        tokens."""
+        items = queue[:len(rows)]
+        del queue[:len(items)]
+        rows = rows[:len(items)]
+        t_adm = time.perf_counter()
+        c2, m2, lg2 = prefill(lm, prefix, [seqs[i] for i in items], caps, store=store)
+        width = m2.shape[1]
+        if width > c0:
+            raise RuntimeError("decode_continuous: a refill prompt is longer than the first "
+                               "batch's (the queue must be longest first)")
+        cols = torch.cat([torch.arange(q_pre), torch.arange(c0 - width + q_pre, c0)])
+        ridx = torch.tensor(rows, dtype=torch.long)
+        for layer, src in zip(cache.layers, c2.layers):
+            layer.write_rows(ridx, cols, src.keys, src.values)
+        for j, (r, i) in enumerate(zip(rows, items)):
+            base[r] = False
+            base[r, cols.to(dev)] = m2[j].bool()
+            row_item[r], start[r] = i, step
+            for s_ in range(k):
+                out.t0s[s_ * n + i] = t_adm
+        seq_ids = [s_ * n + i for s_ in range(k) for i in items]
+        sample(seq_ids, lg2.repeat(k, 1))
+
+    sample([s_ * n + i for s_ in range(k) for i in first], logits0.repeat(k, 1))
+    step = 0
+    while True:
+        # rows whose prompt is done take the next prompts of the queue (which may finish at
+        # once: then their rows are free again)
+        while queue:
+            live = {v % n for v in pending}
+            free = [r for r, i in enumerate(row_item) if i < 0 or i not in live]
+            if not free:
+                break
+            admit(free, step)
+        live = {v % n for v in pending}
+        if not live:
+            break
+        done = [r for r, i in enumerate(row_item) if i not in live]
+        if done:  # the queue is empty: finished rows leave the cache in place
+            keep = [r for r, i in enumerate(row_item) if i in live]
+            order = drop_rows(cache, keep)
+            base = base.index_select(0, torch.tensor(order, dtype=torch.long, device=dev))
+            row_item = [row_item[o] for o in order]
+            start = [start[o] for o in order]
+        r_n = len(row_item)
+        row_of = {i: r for r, i in enumerate(row_item)}
+        running = sorted(pending)
+        inp = torch.full((r_n, k), pad, dtype=torch.long)
+        for v in running:
+            inp[row_of[v % n], v // n] = pending[v]
+        pos = torch.tensor([[len(seqs[i]) + step - start[r]] * k for r, i in enumerate(row_item)],
+                           dtype=torch.long)
+        # ring blocks written so far: block b was last written at step step - ((step - b) % T)
+        blocks = min(step + 1, T)
+        last = torch.tensor([step - ((step - b) % T) for b in range(blocks)], dtype=torch.long)
+        valid = last[None, :] >= torch.tensor(start, dtype=torch.long)[:, None]   # [R, blocks]
+        ringm = (valid[:, None, :, None] & own.cpu()[None, :, None, :]).reshape(r_n, k, blocks * k)
+        allowed = torch.cat([base.cpu()[:, None, :].expand(r_n, k, c0), ringm], dim=2)
+        rows = torch.tensor([row_of[v % n] for v in running], dtype=torch.long, device=dev)
+        cols = torch.tensor([v // n for v in running], dtype=torch.long, device=dev)
+        cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+                      prefix=prefix, select=(rows, cols))
+        if stats is not None:
+            stats.add(r_n * k, len(running))
+        step += 1
+        pending.clear()
+        sample(running, cur)
+    return out.generations([len(seqs[v % n]) for v in range(n * k)])

@@ -35,8 +35,9 @@ import torch
 
 from ..errors import CellError
 from .batching import BatchRecord, Progress, run_with_oom_fallback
-from .decode import Generation, decode_rows, decode_stream_columns
+from .decode import DecodeStats, Generation, decode_continuous, decode_rows, decode_stream_columns
 from .cache import fork_cache
+from .attention import GROUPED_NAMES, attn_implementation
 from .capabilities import Capabilities
 from .encoding import encode_prompt
 from .memory import MemoryBudget, ModelDims, budget_for, generation_footprint, plan_batches
@@ -84,7 +85,8 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                      stream_columns: bool = True, store: PrefillStore | None = None,
                      window_full: bool = True,
                      record: BatchRecord | None = None,
-                     budget: MemoryBudget | None = None) -> list[list[Generation]]:
+                     budget: MemoryBudget | None = None,
+                     refill: bool | None = None) -> list[list[Generation]]:
     """Decode every prompt under each of ``streams`` (greedy and sampled ones may mix),
     prefilling each batch ONCE and decoding all streams of the batch in one forward per step;
     returns one list of generations (input order) per stream. Each (stream, prompt) keeps its
@@ -108,7 +110,17 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     ``budget`` by their estimated footprint (:mod:`.memory`; default: the budget of ``lm``'s
     device with the ``store``'s byte budget set aside). ``record``: a
     :class:`.batching.BatchRecord` that receives the plan and every out-of-memory split (a
-    batch that did not fit is halved and retried, :func:`.batching.run_with_oom_fallback`)."""
+    batch that did not fit is halved and retried, :func:`.batching.run_with_oom_fallback`).
+
+    ``refill`` (with stream columns): the prompts decode as one continuous batch
+    (:func:`.decode.decode_continuous`): the plan's first batch sets the number of cache rows
+    and their columns, and a row whose prompt has finished takes the next prompt of the
+    (longest-first) queue instead of the batch running on with fewer rows until its slowest
+    prompt ends. Same outputs in fp32 (tested); an out-of-memory error halves the rows.
+    ``record.decode`` counts the decode forwards, token slots fed and dummy ones. Default
+    (None): on for accelerators, where a dummy row costs the device's throughput; off on a
+    CPU, where it was measured to save no forwards on a whole decode group and to run slower
+    (benchmarks/results/refill.json: the ring attends to all its columns once it has wrapped)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:
@@ -130,6 +142,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
         with torch.inference_mode():
             prefix = build_prefix(lm, enc, caps, enabled=prefix_cache, store=store)
             columns = stream_columns and k > 1 and caps.mask_4d
+            stats = DecodeStats()
 
             def run(rows: list[int]) -> dict:
                 t0 = time.perf_counter()
@@ -151,7 +164,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                                                 _Sampler.for_streams(streams, row_prompts), n_seeds=k,
                                                 max_new_tokens=max_new_tokens,
                                                 n_prompt=[len(enc[i]) for i in rows], t0=t1,
-                                                prefix=prefix)
+                                                prefix=prefix, stats=stats)
                 elif k > 1:
                     # Repeated rows: each row holds its own copy of its prompt, so one decode of
                     # every stream would read ``k`` copies per step; streams of the same
@@ -181,6 +194,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                 return {i: [gens[s * n + j] for s in range(k)] for j, i in enumerate(rows)}
 
             dims = ModelDims.of(lm)
+            grouped = attn_implementation(lm.model) in GROUPED_NAMES
             if budget is None:
                 budget = budget_for(lm, dims, store_bytes=store.max_bytes if store is not None else 0)
             kinds: dict[tuple, int] = {}
@@ -192,25 +206,55 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                                             detached=prefix.detached, streams=k,
                                             max_new_tokens=max_new_tokens,
                                             columns=bool(columns) or k == 1,
-                                            largest_kind=max(kinds.values()))
+                                            largest_kind=max(kinds.values()), grouped=grouped)
 
             plan = plan_batches([len(e) - len(prefix) for e in enc], batch_size, footprint,
                                 budget.budget_bytes)
             if record is not None:
                 record.plans.append({
                     "what": "generation", "budget": budget.record(), "streams": k,
-                    "stream_columns": bool(columns), "prefix_tokens": len(prefix),
+                    "stream_columns": bool(columns), "grouped_attention": grouped,
+                    "prefix_tokens": len(prefix),
                     "max_new_tokens": max_new_tokens, "batch_size_cap": batch_size,
                     "batches": [{"prompts": len(b), "longest": max(len(enc[i]) for i in b),
                                  "footprint_bytes": f} for b, f in plan]})
-            for rows, _ in plan:
-                done = run_with_oom_fallback(rows, run, what="generation", device=lm.info["device"],
+            if refill is None:
+                refill = lm.info.get("device", "cpu") != "cpu"
+            continuous = bool(refill and columns)
+            if record is not None:
+                record.plans[-1]["refill"] = continuous
+            slots = [len(plan[0][0])]  # rows of a continuous batch (halved on out-of-memory)
+
+            def run_queue(queue: list[int]) -> dict:
+                sampler = _Sampler.for_streams(streams, [prompts[i] for i in queue])
+                gens = decode_continuous(lm, prefix, caps, [enc[i] for i in queue], sampler,
+                                         n_seeds=k, max_new_tokens=max_new_tokens,
+                                         slots=min(slots[0], len(queue)), store=store, stats=stats)
+                if gens is None:  # cache layers that cannot run as a ring: batch by batch
+                    return {i: g for b, _ in plan_batches([len(enc[i]) - len(prefix) for i in queue],
+                                                          slots[0], footprint, budget.budget_bytes)
+                            for i, g in run([queue[j] for j in b]).items()}
+                bar.update(len(queue) * k)
+                n = len(queue)
+                return {i: [gens[s * n + j] for s in range(k)] for j, i in enumerate(queue)}
+
+            def on_oom():
+                slots[0] = max(1, slots[0] // 2)
+                if store is not None:
+                    store.discard("batch")
+
+            work = [[i for b, _ in plan for i in b]] if continuous else [b for b, _ in plan]
+            for rows in work:
+                done = run_with_oom_fallback(rows, run_queue if continuous else run,
+                                             what="generation", device=lm.info["device"],
                                              n_tokens=lambda rs: sum(len(enc[i]) for i in rs),
                                              splits=record.splits if record is not None else None,
-                                             on_oom=(lambda: store.discard("batch")) if store is not None else None)
+                                             on_oom=on_oom)
                 for i, per_stream in done.items():
                     for s, g in enumerate(per_stream):
                         results[s][i] = g
+            if record is not None:
+                record.decode.append({"refill": continuous, "rows": slots[0], **stats.as_dict()})
     finally:
         bar.close()
     return [[res[i] for i in range(len(prompts))] for res in results]

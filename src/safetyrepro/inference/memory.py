@@ -19,14 +19,22 @@ The footprint model (:func:`generation_footprint`) counts, for one batch, in byt
 * the shared prefix's keys/values (one row) and the batch's prefilled keys/values
   (``rows x columns x kv_token_bytes``; the columns include the prefix unless it is detached);
 * prefill: the activations of one layer for every padded token (residual stream, attention
-  projections, the MLP's gate/up/activation), the 4D boolean mask, keys/values expanded once
-  per query head for the attention kernel (transformers' ``repeat_kv``, which a 4D mask on
-  CUDA triggers), and the last-token logits;
+  projections, the MLP's gate/up/activation), the 4D boolean mask, and the last-token logits;
+  with transformers' attention (``grouped=False``) keys/values expanded once per query head
+  for the attention kernel (``repeat_kv``, which a 4D mask with several queries triggers),
+  with grouped heads (:func:`.attention.grouped_attention`) instead the mask repeated once per
+  folded query head (and its additive float form, which fused kernels build from a boolean
+  mask);
 * decode: the reserved buffers (one row per prompt with a column per stream and step, or one
   row per stream of the largest temperature/top-p kind when streams decode as repeated rows)
   held next to the prefilled cache they were copied from (a stored prefill stays alive; an
-  unstored one is freed only after the copy), plus one step's expanded keys/values, mask,
-  logits and the sampler's per-vocabulary work tensors.
+  unstored one is freed only after the copy), plus one step's expanded keys/values (or
+  folded mask), mask, logits and the sampler's per-vocabulary work tensors. A decode group
+  refilled from its queue (:func:`.decode.decode_stream_columns` with a queue) keeps the
+  first batch's rows and width for its whole run: later prompts are no longer (the queue is
+  longest first) and take over the cache rows of finished ones, whose stream columns are
+  reused as a ring of ``streams x max_new_tokens`` columns, so its footprint is that of its
+  first batch.
 
 The larger of the prefill and decode peaks is the batch's footprint. It is an estimate meant
 to keep a batch clear of the card's limit, not a measurement; out-of-memory errors that still
@@ -117,13 +125,23 @@ def budget_for(lm, dims: ModelDims, *, store_bytes: int = 0,
 
 def generation_footprint(dims: ModelDims, *, rows: int, width: int, prefix: int, detached: bool,
                          streams: int, max_new_tokens: int, columns: bool,
-                         largest_kind: int = 1) -> int:
+                         largest_kind: int = 1, grouped: bool = False) -> int:
     """Peak bytes of one generation batch (module text): ``rows`` prompts whose longest
     suffix after the shared ``prefix`` has ``width`` tokens, each decoding ``streams`` streams
     of up to ``max_new_tokens`` tokens, as stream columns of one cache row per prompt
     (``columns``) or as repeated rows, one temperature/top-p kind at a time (``largest_kind``:
-    the streams of the largest kind)."""
+    the streams of the largest kind). ``grouped``: attention with grouped heads without
+    key/value copies (the model's attention is :data:`.attention.GROUPED` or
+    :data:`.attention.NAME`)."""
     d = dims
+    folds = d.q_heads // d.kv_heads
+
+    def per_head(n_rows: int, q: int, cols: int) -> int:
+        """The attention kernel's extra bytes: keys/values copied per query head, or the mask
+        repeated per folded head (boolean + additive float)."""
+        if grouped:
+            return n_rows * q * folds * cols * (1 + d.act_bytes) if q > 1 else 0
+        return 2 * n_rows * d.q_heads * cols * d.head_dim * d.act_bytes
     kv = d.kv_token_bytes
     copied = 0 if detached else prefix
     keys = copied + width                             # columns of a prefilled row
@@ -133,7 +151,7 @@ def generation_footprint(dims: ModelDims, *, rows: int, width: int, prefix: int,
     per_token = 4 * d.hidden + 3 * d.intermediate + (d.q_heads + 2 * d.kv_heads) * d.head_dim
     prefill_peak = (prefill_kv + tokens * per_token * d.act_bytes
                     + tokens * keys                                           # 4D bool mask
-                    + 2 * rows * d.q_heads * keys * d.head_dim * d.act_bytes  # repeat_kv
+                    + per_head(rows, width, keys)
                     + rows * d.vocab * (d.act_bytes + 4))                     # last logits
     if columns:
         cache_rows, q, cols = rows, streams, keys + streams * max_new_tokens
@@ -145,7 +163,7 @@ def generation_footprint(dims: ModelDims, *, rows: int, width: int, prefix: int,
     decode_peak = (prefill_kv + forked + cache_rows * cols * kv
                    + seqs * per_token * d.act_bytes
                    + cache_rows * q * cols                                        # 4D bool mask
-                   + 2 * cache_rows * d.q_heads * cols * d.head_dim * d.act_bytes  # repeat_kv
+                   + per_head(cache_rows, q, cols)
                    + seqs * d.vocab * (d.act_bytes + 4 + SAMPLER_BYTES))
     return int(shared + max(prefill_peak, decode_peak))
 

@@ -12,7 +12,10 @@ Quantisation levels (config ``models.<key>.quantization``, overridable per call)
 On a CPU, NF4 layers are dequantised once at load (:mod:`.nf4`: the same effective weights,
 no per-call dequantisation) and attention runs the engine's implementation
 (:mod:`safetyrepro.inference.attention`: grouped heads without copies, a batch's shared prefix
-read once); ``info["nf4_matmul"]`` and ``info["attention"]`` record what a model uses.
+read once); on other devices it runs transformers' ``sdpa`` with grouped heads attended without
+copies (``sdpa_grouped``). ``runtime.grouped_attention: false`` keeps transformers' copies of
+keys/values per query head (``sdpa_engine_repeat`` / ``sdpa``). ``info["nf4_matmul"]`` and
+``info["attention"]`` record what a model uses.
 
 Device: ``runtime.device`` (``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else
 ``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``. A config
@@ -131,18 +134,19 @@ def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
 
 def load_model(cfg, key: str, *, quantization: str | None = None,
                device: str | None = None, progress: bool = False,
-               cpu_engine: bool = True) -> LoadedModel:
+               cpu_engine: bool = True, grouped_attention: bool | None = None) -> LoadedModel:
     """Prepare (if needed) and load model ``key`` of run config ``cfg``.
 
     ``quantization`` / ``device`` default to the config's ``models.<key>.quantization`` and
     ``runtime.device``. ``cpu_engine=False`` keeps the model as transformers and bitsandbytes
     load it (bitsandbytes' kernels, transformers' sdpa) also on a CPU: the baseline of
     ``benchmarks/bench_cpu_engine.py``. A model that fails to load raises ModelError naming
-    the key and path."""
+    the key and path. ``grouped_attention`` (default: ``runtime.grouped_attention``) selects
+    grouped heads without key/value copies (:mod:`safetyrepro.inference.attention`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..inference.attention import attn_implementation, use_engine_attention
+    from ..inference.attention import attn_implementation, select_attention, use_attention
 
     spec = cfg.model(key)
     quant = quantization or cfg.quantization(key)
@@ -178,8 +182,9 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         nf4_matmul = BITSANDBYTES
         if dev == "cpu" and cpu_engine and dequantize_linear4bit(model):
             nf4_matmul = DEQUANTIZED
-    if dev == "cpu" and cpu_engine:
-        use_engine_attention(model)
+    grouped = bool(runtime["grouped_attention"] if grouped_attention is None else grouped_attention)
+    if dev != "cpu" or cpu_engine:  # cpu_engine=False: the model as transformers loads it
+        use_attention(model, select_attention(engine=dev == "cpu", grouped=grouped))
     attention = attn_implementation(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
