@@ -122,10 +122,14 @@ def _tensor_folder(folder, value: float):
     return folder
 
 
-def test_batch_size_is_in_every_cell_fingerprint(tmp_path):
+@pytest.mark.parametrize("setting", ["batch_size", "grouped_attention"])
+def test_batch_size_and_attention_are_in_every_cell_fingerprint(tmp_path, setting):
     plan = _plan(tmp_path, {"a": "nf4", "b": "bf16"})
     cfg = yaml.safe_load(open(plan.cfg.path))
-    cfg["generation"]["batch_size"] = plan.cfg.data["generation"]["batch_size"] // 2
+    if setting == "batch_size":
+        cfg["generation"]["batch_size"] = plan.cfg.data["generation"]["batch_size"] // 2
+    else:
+        cfg.setdefault("runtime", {})["grouped_attention"] = not plan.cfg.section("runtime")["grouped_attention"]
     other_path = tmp_path / "half.yaml"
     other_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     other = Plan(load_config(other_path))

@@ -315,6 +315,9 @@ class Plan:
             # token or a log-likelihood's last bits
             "batch_size": int(self.cfg.data["generation"]["batch_size"]),
             "weights": self.weights_identity(model),
+            # grouped heads without key/value copies vs transformers' copies: the same sums in
+            # another order, so a bf16/NF4 token can differ (inference.attention)
+            "grouped_attention": bool(self.cfg.section("runtime")["grouped_attention"]),
             # decoded in one batch with these: in bf16/NF4 the batch can change a token
             "group": [list(g) for g in self.decode_group(benchmark, config_id, variant)],
             "rules_stamp": rules.stamp,
