@@ -180,7 +180,7 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
         numerics = (f"lm-eval's requests and token ids scored by SafetyRepro's scorer: {precision} weights and "
                     "matmuls, each context computed once, log-softmax in fp32")
     out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=shots or None, log_samples=True,
-                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0)
+                          task_manager=TaskManager(include_path=str(task_dir), include_defaults=False), bootstrap_iters=0)
     version = _version("lm_eval")
     rows = []
     for task, b in names.items():
