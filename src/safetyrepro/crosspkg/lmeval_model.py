@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from lm_eval.models.huggingface import HFLM
 
-from ..inference.kvcache import MIN_PREFIX
+from ..inference.prefill import MIN_PREFIX
 from ..inference.scoring import score_token_candidates
 
 
