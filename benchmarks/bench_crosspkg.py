@@ -1,19 +1,30 @@
 """Benchmark 10: the cross-package stage's cost on the default config's items and models.
 
-Times, per model, lm-eval (TruthfulQA MC1, BBQ, CrowS-Pairs through its own tasks on the run's
-item subsets, bf16) and Inspect (multiple_choice + choice on TruthfulQA and BBQ, bf16, greedy),
-the two package calls of ``safetyrepro.crosspkg.stage.run_stage`` (the SafetyRepro rows are read
-from the run's item results and cost nothing). The item subsets are built from the config's own
-rules into a temporary folder. Compare the total with the default run's time (the stage should
-add at most ~10%).
+Times, per model, the two package calls of ``safetyrepro.crosspkg.stage.run_stage`` (the
+SafetyRepro rows are read from the run's item results and cost nothing):
+
+* lm-eval (TruthfulQA MC1, BBQ, CrowS-Pairs through its own tasks on the run's item subsets,
+  bf16) with each loop of :data:`~safetyrepro.crosspkg.stage.LMEVAL_LOOPS` side by side:
+  ``stock`` (lm-eval's HFLM loading the folder; one forward per candidate: before) and
+  ``shared-context`` (the stage's default: the model loaded by SafetyRepro, each context once:
+  after), each including its model load;
+* Inspect (multiple_choice + choice on TruthfulQA and BBQ, bf16, greedy), one eval call.
+
+Per call: wall seconds, CPU seconds of this process (less sensitive to other load on a shared
+machine than wall time), the token positions the model computed (inputs of every forward,
+padding included) and the scores; per model, how many items the two loops choose alike. The
+item subsets are built from the config's own rules into a temporary folder. Compare the total
+with the default run's time (benchmarks/results/default_run.json; the stage should add at most
+~10%).
 
 Prints a table and writes benchmarks/results/crosspkg.json. Run:
-    .venv/bin/python benchmarks/bench_crosspkg.py [--models smollm2-135m ...]
+    .venv/bin/python benchmarks/bench_crosspkg.py [--models smollm2-135m ...] [--loops shared-context]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import tempfile
@@ -21,19 +32,44 @@ import time
 from pathlib import Path
 
 
+class _Count:
+    """Token positions through a model's forward (a pre-hook on the top module)."""
+
+    def __init__(self):
+        self.positions = 0
+        self.calls = 0
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.positions += int(ids.numel())
+            self.calls += 1
+
+
+def _timed(fn):
+    w, c = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - w, time.process_time() - c
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="config/config.yaml")
     ap.add_argument("--models", nargs="+", default=None, help="default: the config's models")
+    ap.add_argument("--loops", nargs="+", default=["stock", "shared-context"], help="lm-eval loops to time")
+    ap.add_argument("--no-inspect", action="store_true", help="time lm-eval only")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+    from transformers import PreTrainedModel
+
     from safetyrepro.config import load_config
     from safetyrepro.crosspkg.stage import INSPECT_BENCHMARKS, LMEVAL_BENCHMARKS, inspect_rows, lmeval_rows
     from safetyrepro.items import read_items
     from safetyrepro.items.build import build_items
+    from safetyrepro.models.load import load_model
     from safetyrepro.models.prepare import prepare_model
     from safetyrepro.perf.report import publish
 
@@ -45,24 +81,59 @@ def main(argv=None) -> int:
     for b in benches:
         build_items(cfg, b, work / "items")
         items[b] = read_items(work / "items" / f"{b}.parquet")[0]
+
+    # count every forward of any transformers model (lm-eval's, the engine's, Inspect's)
+    counter = _Count()
+    orig_init = PreTrainedModel.post_init
+
+    def post_init(self):
+        orig_init(self)
+        if type(self).__name__.endswith("ForCausalLM"):
+            self.register_forward_pre_hook(counter, with_kwargs=True)
+
+    PreTrainedModel.post_init = post_init
+
     rows, records = [], []
     for m in args.models or cfg.models:
         folder = str(prepare_model(cfg, m, progress=False))
-        t = time.perf_counter()
-        lm = lmeval_rows(folder, m, items, {}, work / m)
-        t_lm = time.perf_counter() - t
-        t = time.perf_counter()
-        ins = inspect_rows(folder, m, items, work / m)
-        t_in = time.perf_counter() - t
-        records.append({"model": m, "lmeval_s": t_lm, "inspect_s": t_in,
-                        "scores": {f"{r['package']}/{r['benchmark']}": r["score"] for r in lm + ins},
-                        "n_items": {b: len(v) for b, v in items.items()}})
-        rows.append([m, f"{t_lm:.1f}", f"{t_in:.1f}", f"{t_lm + t_in:.1f}"])
-    total = sum(r["lmeval_s"] + r["inspect_s"] for r in records)
-    rows.append(["total", "", "", f"{total:.1f}"])
-    publish("crosspkg", ["model", "lm-eval s", "inspect s", "stage s"], rows,
-            {"records": records, "total_s": total, "loadavg_start": load_start,
-             "loadavg_end": [round(x, 2) for x in os.getloadavg()]}, out_dir=args.out)
+        rec = {"model": m, "n_items": {b: len(v) for b, v in items.items()}, "lmeval": {}}
+        chosen = {}
+        for loop in args.loops:
+            counter.positions = counter.calls = 0
+
+            def run(loop=loop):
+                engine = load_model(cfg, m, quantization="bf16") if loop == "shared-context" else None
+                return lmeval_rows(folder, m, items, {}, work / m / loop, engine=engine, loop=loop)
+
+            lm, wall, cpu = _timed(run)
+            gc.collect()
+            chosen[loop] = {r["benchmark"]: r["chosen"] for r in lm}
+            rec["lmeval"][loop] = {"wall_s": wall, "cpu_s": cpu, "positions": counter.positions,
+                                   "forwards": counter.calls,
+                                   "scores": {r["benchmark"]: r["score"] for r in lm},
+                                   "precision": lm[0]["precision"] if lm else None}
+            rows.append([m, f"lm-eval {loop}", f"{wall:.1f}", f"{cpu:.1f}", str(counter.positions)])
+        if len(chosen) == 2:
+            a, b = (chosen[x] for x in args.loops)
+            rec["lmeval_loops_same_choice"] = {
+                bb: f"{sum(a[bb][i] == b[bb][i] for i in a[bb])}/{len(a[bb])}" for bb in a}
+        if not args.no_inspect:
+            counter.positions = counter.calls = 0
+            ins, wall, cpu = _timed(lambda: inspect_rows(folder, m, items, work / m))
+            gc.collect()
+            rec["inspect"] = {"wall_s": wall, "cpu_s": cpu, "positions": counter.positions,
+                              "forwards": counter.calls, "scores": {r["benchmark"]: r["score"] for r in ins}}
+            rows.append([m, "inspect", f"{wall:.1f}", f"{cpu:.1f}", str(counter.positions)])
+        records.append(rec)
+    stage_loop = "shared-context" if "shared-context" in args.loops else args.loops[-1]
+    total = {loop: sum(r["lmeval"][loop]["wall_s"] + r.get("inspect", {}).get("wall_s", 0.0) for r in records)
+             for loop in args.loops}
+    for loop, t in total.items():
+        rows.append(["total", f"lm-eval {loop} + inspect", f"{t:.1f}", "", ""])
+    publish("crosspkg", ["model", "call", "wall s", "cpu s", "positions"], rows,
+            {"records": records, "total_wall_s": total, "stage_loop": stage_loop,
+             "loadavg_start": load_start, "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
+            out_dir=args.out)
     return 0
 
 

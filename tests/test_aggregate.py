@@ -157,4 +157,5 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
     assert format_code_version(code_version()) in rec["code_version"].split(", ")
     assert set(prov) == {"m-nf4", "m-bf16"}
     write_all(plan, "bf16")
-    assert write_aggregate(plan, "bf16", tmp_path) == {"cell_scores": str(tmp_path / "cell_scores_bf16.parquet")}
+    assert write_aggregate(plan, "bf16", tmp_path) == {"cell_scores": str(tmp_path / "cell_scores_bf16.parquet"),
+                                                       "item_results": str(tmp_path / "item_results_bf16.parquet")}

@@ -12,19 +12,26 @@ N_ITEMS = 3
 
 
 @pytest.mark.slow
-def test_lmeval_truthfulqa_score_by_hand(default_cfg, tmp_path):
+@pytest.mark.parametrize("loop", ["stock", "shared-context"])
+def test_lmeval_truthfulqa_score_by_hand(default_cfg, tmp_path, loop):
+    """Both lm-eval loops (lm-eval's own, and the stage's shared-context one over the run's
+    scorer) against a hand computation, in fp32 so that rounding cannot move an argmax."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from safetyrepro.crosspkg.stage import lmeval_rows
     from safetyrepro.items.build import load_benchmark
+    from safetyrepro.models.load import load_model
     from safetyrepro.models.prepare import prepare_model
 
     df = load_benchmark("truthfulqa", SHARED_DATA)
     items = df[df["split"] == "validation"].reset_index(drop=True).iloc[:N_ITEMS].copy()
     folder = str(prepare_model(default_cfg, "smollm2-135m", progress=False))
-    (row,) = lmeval_rows(folder, "smol", {"truthfulqa": items}, {}, tmp_path, dtype="float32")
+    engine = load_model(default_cfg, "smollm2-135m", quantization="fp32") if loop == "shared-context" else None
+    (row,) = lmeval_rows(folder, "smol", {"truthfulqa": items}, {}, tmp_path, dtype="float32", loop=loop,
+                         engine=engine)
     assert row["package"] == "lm-eval" and row["version"] == "0.4.13" and row["n_items"] == N_ITEMS
+    assert row["precision"] == "fp32" and ("each context computed once" in row["numerics"]) == (loop != "stock")
     assert row["first_prompt"].startswith("Q: What is human life expectancy")
     assert row["first_prompt"].endswith("Q: " + items.iloc[0]["question"] + "\nA:")
 
@@ -47,6 +54,40 @@ def test_lmeval_truthfulqa_score_by_hand(default_cfg, tmp_path):
         correct += j == int(it["gold"])
     assert row["score"] == correct / N_ITEMS
     assert row["chosen"] == chosen          # mapped back to the run's option order
+
+
+@pytest.mark.slow
+def test_shared_context_loop_matches_lmevals_own_loop(default_cfg):
+    """SharedContextHFLM returns what lm-eval's HFLM loop returns, request by request (fp32):
+    contexts sharing a long prefix, contexts of their own, the empty context (lm-eval's prefix
+    token), one-token and repeated candidates, and a request longer than max_length (handed to
+    lm-eval's own loop, which truncates it)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from safetyrepro.crosspkg.lmeval_model import SharedContextHFLM
+    from safetyrepro.models.load import load_model
+    from safetyrepro.models.prepare import prepare_model
+
+    folder = str(prepare_model(default_cfg, "smollm2-135m", progress=False))
+    stock = HFLM(pretrained=folder, device="cpu", dtype="float32", batch_size=4, max_length=64)
+    shared = SharedContextHFLM(load_model(default_cfg, "smollm2-135m", quantization="fp32"), tokenizer=folder,
+                               batch_size=4, max_length=64)
+    preamble = "Q: What is the capital of France?\nA: Paris.\n\nQ: What colour is the sky?\nA: Blue.\n\n"
+    reqs = [(preamble + "Q: How many legs does a spider have?\nA:", c) for c in (" Eight.", " Six.", " Eight.")]
+    reqs += [(preamble + "Q: Is water wet?\nA:", c) for c in (" Yes.", " No, water is not wet at all.")]
+    reqs += [("The nurse said that", c) for c in (" she", " he", " they would be late")]
+    reqs += [("", "The doctor was late."), ("", "The nurse was late.")]
+    reqs += [(preamble * 3 + "Q: Why?\nA:", " Because.")]          # over 64 tokens: lm-eval's loop
+    toks = [stock._encode_pair(c, x) if c else ([stock.prefix_token_id], stock.tok_encode(x)) for c, x in reqs]
+    assert any(len(c) + len(x) > 65 for c, x in toks)
+    requests = [((c, x), ci, xi) for (c, x), (ci, xi) in zip(reqs, toks)]
+    want = stock._loglikelihood_tokens(requests, disable_tqdm=True)
+    got = shared._loglikelihood_tokens(requests, disable_tqdm=True)
+    assert len(got) == len(want) == len(reqs)
+    for (ll_w, g_w), (ll_g, g_g), r in zip(want, got, reqs):
+        assert ll_g == pytest.approx(ll_w, abs=2e-3), r
+        assert g_g == g_w, r
+    assert got[0] == got[2]                  # the repeated candidate
 
 
 def test_cross_package_table_columns():
@@ -127,19 +168,30 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     df = load_benchmark("truthfulqa", SHARED_DATA)
     items = df[df["split"] == "validation"].reset_index(drop=True).iloc[:2].copy()
     write_parquet(to_arrow(items, "truthfulqa"), tmp_path / "items" / "truthfulqa.parquet", {"kind": "items"})
-    ir = []
+    ir, ir16 = [], []
     for it in items.itertuples():
         ir.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-freeform", seed=0,
-                       item_id=it.item_id, parsed_label="ABCDEFGHIJKLM"[int(it.gold)], correct=True, chosen_index=None))
+                       item_id=it.item_id, parsed_label="Z", correct=False, chosen_index=None, quantization="nf4"))
         ir.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-logprob", seed=0,
-                       item_id=it.item_id, parsed_label=None, correct=False, chosen_index=(int(it.gold) + 1) % len(it.choices)))
+                       item_id=it.item_id, parsed_label=None, correct=False, chosen_index=(int(it.gold) + 1) % len(it.choices),
+                       quantization="nf4"))
+        # the precision check's bf16 cells hold the free-form nominal cell only
+        ir16.append(dict(model="smollm2-135m", benchmark="truthfulqa", config="T1-greedy-k0-freeform", seed=0,
+                         item_id=it.item_id, parsed_label="ABCDEFGHIJKLM"[int(it.gold)], correct=True,
+                         chosen_index=None, quantization="bf16"))
     meta = {"rules_stamp": "r", "config_hash": "c", "code_version": {"git": "x"}, "kind": "item_results"}
     write_parquet(pd.DataFrame(ir), tmp_path / "item_results.parquet", meta)
+    write_parquet(pd.DataFrame(ir16), tmp_path / "item_results_bf16.parquet", meta)
     out = tmp_path / "tables" / "cross_package.parquet"
     t = run_stage(default_cfg, tmp_path / "items", tmp_path / "item_results.parquet", out, tmp_path / "work",
-                  models=["smollm2-135m"], benchmarks=["truthfulqa"], figure=tmp_path / "fig.png")
+                  models=["smollm2-135m"], benchmarks=["truthfulqa"], figure=tmp_path / "fig.png",
+                  item_results_bf16=tmp_path / "item_results_bf16.parquet")
     assert sorted(t["package"]) == ["inspect", "lm-eval", "safetyrepro-freeform", "safetyrepro-logprob"]
     t = t.set_index("package")
+    # free-form from the bf16 cells (the nominal precision), logprob from the run's nf4 cells
+    assert t["precision"].to_dict() == {"inspect": "bf16", "lm-eval": "bf16", "safetyrepro-freeform": "bf16",
+                                        "safetyrepro-logprob": "nf4"}
+    assert "item_results_bf16" in t.loc["safetyrepro-freeform", "numerics"]
     assert t.loc["safetyrepro-freeform", "score"] == 1.0 and t.loc["safetyrepro-logprob", "score"] == 0.0
     assert t.loc["safetyrepro-freeform", "agreement"] == 1.0 and t.loc["safetyrepro-logprob", "agreement"] == 0.0
     assert (t["n_items"] == 2).all() and t["prompt_sha256"].str.len().eq(64).all()
@@ -147,7 +199,20 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     assert t.loc["lm-eval", "version"] == "0.4.13" and t.loc["inspect", "version"] == "0.3.285"
     m = read_metadata(out)
     assert m["producer"] == "safetyrepro.crosspkg.stage" and m["nominal_config"] == "T1-greedy-k0-freeform"
+    assert m["lmeval_loop"] == "shared-context" and len(m["sources"]) == 2
     assert set(m["timings_s"]) == {"lm-eval/smollm2-135m", "inspect/smollm2-135m"}
     per_item = pd.read_parquet(out.with_name("cross_package_items.parquet"))
     assert len(per_item) == 4 * 2 and (tmp_path / "fig.png").stat().st_size > 0
     assert out.with_suffix(".csv").exists()
+
+
+def test_safetyrepro_rows_name_the_table_without_a_quantization_column():
+    import pandas as pd
+
+    from safetyrepro.crosspkg.stage import safetyrepro_rows
+    from safetyrepro.errors import DataError
+
+    ir = pd.DataFrame([dict(model="m", benchmark="truthfulqa", config="T1-greedy-k0-freeform", seed=0,
+                            item_id="i", correct=True)])
+    with pytest.raises(DataError, match=r"old_item_results\.parquet.*\['quantization'\]"):
+        safetyrepro_rows([(ir, "main", "old_item_results.parquet")], {}, "T1-greedy-k0-freeform", "v")

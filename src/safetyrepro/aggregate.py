@@ -251,10 +251,10 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
     cells, items_df, meta, metas = _aggregate(plan, variant, progress=True)
     paths = aggregate_outputs(out_dir, variant)
     write_parquet(cells, paths["cell_scores"], meta)
+    write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
     if variant == "main":
         from .io import atomic_write_text, write_csv
 
         write_csv(cells, paths["cell_scores_csv"])
-        write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

@@ -41,7 +41,8 @@ def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
     """What aggregation writes into ``out_dir`` for ``variant`` (its rules declare the same)."""
     out_dir = Path(out_dir)
     if variant != "main":
-        return {"cell_scores": out_dir / f"cell_scores_{variant}.parquet"}
+        return {"cell_scores": out_dir / f"cell_scores_{variant}.parquet",
+                "item_results": out_dir / f"item_results_{variant}.parquet"}
     return {"cell_scores": out_dir / "cell_scores.parquet", "cell_scores_csv": out_dir / "cell_scores.csv",
             "item_results": out_dir / "item_results.parquet", "provenance": out_dir / "provenance.json"}
 

@@ -71,6 +71,12 @@ def register_stage(app: typer.Typer) -> None:
         model: Optional[List[str]] = typer.Option(None, "--model", help="models (default: the config's)"),
         package: Optional[List[str]] = typer.Option(None, "--package", help="lm-eval, inspect (default: both)"),
         figure: Optional[Path] = typer.Option(None, "--figure", help="also draw the scores per package (.png)"),
+        item_results_bf16: Optional[Path] = typer.Option(
+            None, "--item-results-bf16", help="the precision check's item_results_bf16.parquet: the SafetyRepro "
+                                              "rows take their cells from it where it has them"),
+        lmeval_loop: str = typer.Option("shared-context", "--lmeval-loop",
+                                        help="shared-context (each context computed once) or stock "
+                                             "(lm-eval's own loop); docs/CROSS_PACKAGE.md"),
     ):
         """The nominal configuration in SafetyRepro, lm-eval and Inspect on the run's items and models:
         score, per-item agreement, spread across packages (pp) and ordering change per benchmark."""
@@ -79,6 +85,7 @@ def register_stage(app: typer.Typer) -> None:
 
         cfg = load_config(config)
         df = run_stage(cfg, items_dir, item_results, out, work, models=model or None,
-                       packages=tuple(package or ("lm-eval", "inspect")), figure=figure)
-        cols = ["benchmark", "model", "package", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
+                       packages=tuple(package or ("lm-eval", "inspect")), figure=figure,
+                       item_results_bf16=item_results_bf16, lmeval_loop=lmeval_loop)
+        cols = ["benchmark", "model", "package", "precision", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
         typer.echo(df[cols].to_string(index=False))

@@ -69,18 +69,37 @@ def _version(pkg: str) -> str:
 # ------------------------------------------------------------------------------ SafetyRepro
 
 
-def safetyrepro_rows(item_results: pd.DataFrame, items: dict, nominal: str, code_version: str) -> tuple[list, dict]:
+def safetyrepro_rows(sources: list[tuple[pd.DataFrame, str, str]], items: dict, nominal: str,
+                     code_version: str) -> tuple[list, dict]:
     """Rows for the run's own nominal cells (free-form and its logprob twin) and the chosen
-    option per (benchmark, model, item) of the free-form cell (the agreement reference)."""
+    option per (benchmark, model, item) of the free-form cell (the agreement reference).
+
+    ``sources``: ``(item_results, variant, path)`` in order of preference; each (cell, benchmark,
+    model) is taken from the first table that has it. The stage passes the bf16 precision
+    check's item results first (the issue's nominal precision, where the run has those cells:
+    the free-form nominal cell is in its conservative_core envelope), then the run's own. Every
+    row records its ``precision`` (the cells' ``quantization`` column) and where it came from."""
     from ..tasks import load_task
 
+    for ir, _, path in sources:
+        missing = {"config", "seed", "benchmark", "model", "item_id", "correct", "quantization"} - set(ir.columns)
+        if missing:
+            raise DataError(path, f"item results lack column(s) {sorted(missing)}")
     rows, chosen_ref = [], {}
     twin = nominal.rsplit("-", 1)[0] + "-logprob"
     for cfg_id, kind in ((nominal, "freeform"), (twin, "logprob")):
-        sub = item_results[(item_results["config"] == cfg_id) & (item_results["seed"] == 0)]
-        for (b, m), g in sub.groupby(["benchmark", "model"], sort=True):
+        picked: dict = {}
+        for ir, variant, path in sources:
+            sub = ir[(ir["config"] == cfg_id) & (ir["seed"] == 0)]
+            for key, g in sub.groupby(["benchmark", "model"], sort=True):
+                if key not in picked:
+                    picked[key] = (g, variant, path)
+        for (b, m), (g, variant, path) in sorted(picked.items()):
             if b not in items:
                 continue
+            quants = sorted(set(g["quantization"].astype(str)))
+            if len(quants) != 1:
+                raise DataError(path, f"cell ({m}, {b}, {cfg_id}): items computed in several quantizations {quants}")
             task = load_task(b)
             df = items[b]
             first = df.iloc[0].to_dict()
@@ -101,6 +120,10 @@ def safetyrepro_rows(item_results: pd.DataFrame, items: dict, nominal: str, code
             if kind == "freeform":
                 chosen_ref[(b, m)] = chosen
             rows.append({"package": f"safetyrepro-{kind}", "version": code_version, "benchmark": b, "model": m,
+                         "precision": quants[0],
+                         "numerics": (f"the run's {cfg_id} cell in {quants[0]} "
+                                      + ("(the precision check's cells, item_results_bf16)" if variant == "bf16"
+                                         else "(the run's own cells, item_results)")),
                          "object": f"SafetyRepro {cfg_id}: template {tid} as chat messages "
                                    + ("(lettered options; parsed letter)" if kind == "freeform"
                                       else "(candidates as continuations; argmax log-likelihood)"),
@@ -113,16 +136,28 @@ def safetyrepro_rows(item_results: pd.DataFrame, items: dict, nominal: str, code
 # ------------------------------------------------------------------------------ lm-eval
 
 
-def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path, dtype: str = "bfloat16",
-                batch_size: int = 8, shots: int = 0) -> list[dict]:
+#: how lm-eval computes its log-likelihoods (docs/CROSS_PACKAGE.md, "Cost")
+LMEVAL_LOOPS = ("shared-context", "stock")
+
+
+def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path, *, engine=None,
+                loop: str = "shared-context", dtype: str = "bfloat16", device: str = "cpu",
+                batch_size: int = 16, shots: int = 0) -> list[dict]:
     """lm-eval's own tasks on the run's items. ``shots`` > 0 draws the exemplars from the run's
     few-shot pool (``fewshot``: benchmark -> items, first n in order); a task whose own file
     fixes ``num_fewshot`` (truthfulqa_mc1: 0, with its built-in six-example preamble) keeps it, as
-    lm-eval does."""
+    lm-eval does.
+
+    ``loop``: ``"shared-context"`` (:class:`.lmeval_model.SharedContextHFLM` over ``engine``, the
+    model already loaded by :func:`safetyrepro.models.load.load_model`: each context computed
+    once) or ``"stock"`` (lm-eval's ``HFLM`` loading ``folder`` in ``dtype`` on ``device``, its
+    own loop: one forward per candidate)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
+    if loop not in LMEVAL_LOOPS:
+        raise ValueError(f"loop must be one of {LMEVAL_LOOPS}, not {loop!r}")
     task_dir = work / "lmeval_tasks"
     names = {}
     for b in LMEVAL_BENCHMARKS:
@@ -130,9 +165,22 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
             names[write_lmeval_task(b, items[b], fewshot.get(b) if shots else None, task_dir)] = b
     if not names:
         return []
-    lm = HFLM(pretrained=str(folder), device="cpu", dtype=dtype, batch_size=batch_size)
+    if loop == "stock":
+        lm = HFLM(pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size)
+        precision = _short_dtype(dtype)
+        numerics = (f"lm-eval's HFLM loop: one forward per candidate over context + candidate, "
+                    f"log-softmax in {precision}")
+    else:
+        if engine is None:
+            raise ValueError("the shared-context loop needs the loaded model (engine=load_model(...))")
+        from .lmeval_model import SharedContextHFLM
+
+        lm = SharedContextHFLM(engine, tokenizer=str(folder), batch_size=batch_size)
+        precision = _short_dtype(engine.info["dtype"])
+        numerics = (f"lm-eval's requests and token ids scored by SafetyRepro's scorer: {precision} weights and "
+                    "matmuls, each context computed once, log-softmax in fp32")
     out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=shots or None, log_samples=True,
-                          task_manager=TaskManager(include_path=str(task_dir)), bootstrap_iters=0)
+                          task_manager=TaskManager(include_path=str(task_dir), include_defaults=False), bootstrap_iters=0)
     version = _version("lm_eval")
     rows = []
     for task, b in names.items():
@@ -155,9 +203,16 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
             raise DataError(task_dir / f"{task}.yaml", f"lm-eval scored {len(chosen)} items, the run has {len(ids)}")
         first = _first_context(samples[0]["arguments"])
         rows.append({"package": "lm-eval", "version": version, "benchmark": b, "model": model,
+                     "precision": precision, "numerics": numerics,
                      "object": OBJECTS[("lm-eval", b)], "prompt_sha256": _sha(first), "first_prompt": first,
                      "score": sum(per_item) / len(per_item), "n_items": len(per_item), "chosen": chosen})
     return rows
+
+
+def _short_dtype(name: str) -> str:
+    """``"bfloat16"`` / ``torch.bfloat16`` -> ``"bf16"`` (also fp32, fp16; else unchanged)."""
+    name = str(name).replace("torch.", "")
+    return {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16"}.get(name, name)
 
 
 def _first_context(args) -> str:
@@ -190,23 +245,30 @@ def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int
 # ------------------------------------------------------------------------------ Inspect
 
 
-def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: int = 8) -> list[dict]:
+def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: int = 8,
+                 device: str = "cpu") -> list[dict]:
+    """Inspect's ``multiple_choice`` + ``choice`` on the run's choice items: every benchmark a
+    task of ONE ``inspect_ai.eval`` call, so Inspect's HF provider loads the model once."""
     from inspect_ai import eval as inspect_eval
 
     from .inspect_tasks import LETTERS, _task, write_inspect_data
 
     version = _version("inspect_ai")
+    benches = [b for b in INSPECT_BENCHMARKS if b in items]
+    if not benches:
+        return []
+    tasks = [_task(str(write_inspect_data(items[b], work / "inspect_data" / f"{b}.jsonl")), max_tokens=max_tokens,
+                   name=f"safetyrepro_{b}") for b in benches]
+    logs = inspect_eval(tasks, model=f"hf/{model}", display="none", log_dir=str(work / "inspect_logs"),
+                        model_args={"model_path": str(folder), "device": device, "do_sample": False,
+                                    "dtype": "bfloat16"})
+    by_task = {log.eval.task: log for log in logs}
     rows = []
-    for b in INSPECT_BENCHMARKS:
-        if b not in items:
-            continue
-        data = write_inspect_data(items[b], work / "inspect_data" / f"{b}.jsonl")
-        (log,) = inspect_eval(_task(str(data), max_tokens=max_tokens, name=f"safetyrepro_{b}"),
-                              model=f"hf/{model}", display="none", log_dir=str(work / "inspect_logs"),
-                              model_args={"model_path": str(folder), "device": "cpu", "do_sample": False,
-                                          "dtype": "bfloat16"})
-        if log.status != "success":
-            raise DataError(work / "inspect_logs", f"Inspect eval of {model} on {b} failed: {log.error}")
+    for b in benches:
+        log = by_task.get(f"safetyrepro_{b}")
+        if log is None or log.status != "success":
+            raise DataError(work / "inspect_logs", f"Inspect eval of {model} on {b} failed: "
+                                                   f"{log.error if log is not None else 'no log for the task'}")
         chosen, vals = {}, []
         for s in log.samples:
             sc = s.scores["choice"]
@@ -216,6 +278,8 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
         first = json.dumps([{"role": m.role, "content": m.text} for m in log.samples[0].messages
                             if m.role != "assistant"])
         rows.append({"package": "inspect", "version": version, "benchmark": b, "model": model,
+                     "precision": "bf16", "numerics": "Inspect's HF provider: transformers generate (greedy) "
+                                                      "with the weights loaded in bf16",
                      "object": OBJECTS[("inspect", b)], "prompt_sha256": _sha(first), "first_prompt": first,
                      "score": sum(vals) / len(vals), "n_items": len(vals), "chosen": chosen})
     return rows
@@ -266,15 +330,23 @@ def cross_package_table(rows: list[dict], chosen_ref: dict) -> pd.DataFrame:
 
 def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
               models: list[str] | None = None, benchmarks: list[str] | None = None,
-              packages: tuple[str, ...] = ("lm-eval", "inspect"), figure: Path | None = None) -> pd.DataFrame:
-    """Score the nominal configuration in every package; write ``out`` (.parquet) and a .csv."""
+              packages: tuple[str, ...] = ("lm-eval", "inspect"), figure: Path | None = None,
+              item_results_bf16: Path | None = None, lmeval_loop: str = "shared-context") -> pd.DataFrame:
+    """Score the nominal configuration in every package; write ``out`` (.parquet) and a .csv.
+
+    ``item_results_bf16``: the precision check's item results (``aggregate_bf16``); the
+    SafetyRepro rows take their cells from it where it has them (:func:`safetyrepro_rows`).
+    ``lmeval_loop``: see :func:`lmeval_rows`. lm-eval (shared-context loop) and Inspect load
+    each model in bf16 on the run's device (``runtime.device``)."""
+    import gc
+    import os
+
+    from ..grid import Config
     from ..items import read_items
     from ..io import write_parquet
+    from ..models.load import load_model, resolve_device
     from ..models.prepare import prepare_model
     from ..provenance import code_version_string as code_version
-
-
-    import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local folders only: no hub look-ups
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -282,8 +354,6 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     nominal = cfg.section("analysis").get("nominal_config", "T1-greedy-k0-freeform")
     benches = [b for b in (benchmarks or cfg.benchmarks) if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
     items = {b: read_items(Path(items_dir) / f"{b}.parquet")[0] for b in benches}
-    from ..grid import Config
-
     nom = Config.parse(nominal)
     shots = int(str(nom.shots).lstrip("k"))
     if nom.decoding != "greedy":
@@ -293,27 +363,32 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     if shots and "inspect" in packages:
         raise DataError(item_results, f"analysis.nominal_config {nominal!r} has {shots} shots; the stage's Inspect "
                                       "task has no few-shot exemplars (use --package lm-eval)")
-    ir = pd.read_parquet(item_results)
-    rows, ref = safetyrepro_rows(ir, items, nominal, code_version())
+    sources = [(pd.read_parquet(p), v, p) for p, v in ((item_results_bf16, "bf16"), (item_results, "main")) if p]
+    rows, ref = safetyrepro_rows(sources, items, nominal, code_version())
+    device = resolve_device(cfg.section("runtime").get("device", "auto"))
     timings = {}
     for m in models or cfg.models:
         folder = prepare_model(cfg, m, progress=False)
         if "lm-eval" in packages:
             t = time.perf_counter()
-            rows += lmeval_rows(str(folder), m, items, fewshot, Path(work) / m, shots=shots)
+            engine = load_model(cfg, m, quantization="bf16") if lmeval_loop == "shared-context" else None
+            rows += lmeval_rows(str(folder), m, items, fewshot, Path(work) / m, engine=engine, loop=lmeval_loop,
+                                device=device, shots=shots)
+            del engine
+            gc.collect()
             timings[f"lm-eval/{m}"] = time.perf_counter() - t
         if "inspect" in packages:
             t = time.perf_counter()
-            rows += inspect_rows(str(folder), m, items, Path(work) / m)
+            rows += inspect_rows(str(folder), m, items, Path(work) / m, device=device)
             timings[f"inspect/{m}"] = time.perf_counter() - t
     df = cross_package_table(rows, ref)
     from ..analysis.common import output_metadata
     from ..io import read_metadata
 
-    meta = output_metadata("cross_package", [(Path(item_results), read_metadata(item_results))],
-                           extra={"nominal_config": nominal,
-                                  "precision": "bf16 for lm-eval and inspect; the run's own quantization for "
-                                               "the safetyrepro rows",
+    inputs = [(Path(p), read_metadata(p)) for p in (item_results, item_results_bf16) if p]
+    meta = output_metadata("cross_package", inputs,
+                           extra={"nominal_config": nominal, "lmeval_loop": lmeval_loop,
+                                  "precision": "per row: columns precision and numerics",
                                   "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")},
                                   "timings_s": timings, "seconds": time.perf_counter() - t0},
                            producer="safetyrepro.crosspkg.stage")

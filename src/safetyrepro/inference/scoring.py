@@ -121,8 +121,27 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     ctx_ids, cont_ids = _encode(lm, contexts, candidates)
+    return score_token_candidates(lm, ctx_ids, cont_ids, batch_size=batch_size, progress=progress,
+                                  prefix_cache=prefix_cache, method=method, store=store, record=record)
+
+
+def score_token_candidates(lm, ctx_ids: list[list[int]], cont_ids: list[list[list[int]]], *,
+                           batch_size: int = 16, progress=None, prefix_cache: bool = True,
+                           method: str = "auto", store=None, record=None) -> list[list[CandidateScore]]:
+    """:func:`score_candidates` on token ids already encoded by the caller (``ctx_ids[i]``:
+    item ``i``'s context, ``cont_ids[i][j]``: its candidate ``j``; every list non-empty), for
+    callers with their own tokenisation rule (lm-eval's requests, :mod:`safetyrepro.crosspkg`)."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    if len(ctx_ids) != len(cont_ids):
+        raise ValueError(f"{len(ctx_ids)} contexts but {len(cont_ids)} candidate lists")
+    for i, (c, cs) in enumerate(zip(ctx_ids, cont_ids)):
+        if not c:
+            raise CellError(f"item {i}: the context has no tokens; nothing to condition on")
+        if not cs or any(not x for x in cs):
+            raise CellError(f"item {i}: no candidates, or a candidate without tokens")
     splits = record.splits if record is not None else None
-    bar = Progress(progress, len(contexts), "score")
+    bar = Progress(progress, len(ctx_ids), "score")
     try:
         with torch.inference_mode():
             caps = Capabilities.of(lm, window_full=False)  # packed scoring checks its window itself
