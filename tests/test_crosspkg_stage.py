@@ -123,6 +123,7 @@ def test_card_block_and_report_section(tmp_path):
     from safetyrepro.crosspkg.stage import cross_package_table
 
     rows = [{"package": p, "version": "v", "benchmark": "bbq", "model": m, "object": "o", "prompt_sha256": "ab" * 32,
+             "precision": "bf16" if p == "inspect" else "nf4", "numerics": "n",
              "first_prompt": "p", "score": s, "n_items": 4, "chosen": {"i": 0}}
             for p, m, s in (("safetyrepro-freeform", "a", 0.5), ("safetyrepro-freeform", "b", 0.25),
                             ("inspect", "a", 0.0), ("inspect", "b", 0.75))]
@@ -138,10 +139,11 @@ def test_card_block_and_report_section(tmp_path):
             "envelope": {"n_configs": 1, "score_min": 0, "score_max": 0, "score_range": 0, "score_median": 0,
                          "config_min": "c", "config_max": "c"}, "comparisons": [], "cross_package": e}
     md = card_markdown(card)
-    assert "Spread across packages on this benchmark: 50.0 pp" in md and "| inspect | v | 0.000 | 4 | 1.000 |" in md
+    assert "Spread across packages on this benchmark: 50.0 pp" in md and "| inspect | v | bf16 | 0.000 | 4 | 1.000 |" in md
     lines = cross_package_section(lambda name, render: render(xp), tmp_path, tmp_path / "report.md")
     text = "\n".join(lines)
     assert "## The nominal configuration in other packages" in text and "_figure `cross_package.png`" in text
+    assert "| precision |" in text and "| nf4 |" in text
 
 
 def test_short_model_names():

@@ -270,12 +270,12 @@ def card_markdown(card: dict) -> str:
                   f"Spread across packages on this benchmark: {xp['spread_pp']:.1f} pp (this model: "
                   f"{xp['spread_model_pp']:.1f} pp); model ordering changes across packages: "
                   f"{'yes' if xp['ordering_changes'] else 'no'} (docs/CROSS_PACKAGE.md).", "",
-                  "| package | version | score | items | agreement with the nominal cell | prompt sha256 |",
-                  "|---|---|---|---|---|---|"]
+                  "| package | version | precision | score | items | agreement with the nominal cell | prompt sha256 |",
+                  "|---|---|---|---|---|---|---|"]
         for r in xp["rows"]:
             ag = "–" if r["agreement"] is None else f"{r['agreement']:.3f}"
-            lines.append(f"| {r['package']} | {r['version']} | {r['score']:.3f} | {r['n_items']} | {ag} | "
-                         f"`{r['prompt_sha256'][:12]}` |")
+            lines.append(f"| {r['package']} | {r['version']} | {r['precision']} | {r['score']:.3f} | {r['n_items']} | "
+                         f"{ag} | `{r['prompt_sha256'][:12]}` |")
     revs = [(c["other"], c.get("nearest_reversal")) for c in card["comparisons"] if c.get("nearest_reversal")]
     if revs:
         lines += ["", "## Nearest reversing configuration", "",
@@ -298,7 +298,8 @@ def cross_package_entry(xp: pd.DataFrame, model: str, benchmark: str) -> dict | 
     sub = xp[(xp["model"] == model) & (xp["benchmark"] == benchmark)]
     if sub.empty:
         return None
-    rows = [{"package": r.package, "version": str(r.version), "score": float(r.score), "n_items": int(r.n_items),
+    rows = [{"package": r.package, "version": str(r.version), "precision": str(r.precision),
+             "numerics": str(r.numerics), "score": float(r.score), "n_items": int(r.n_items),
              "agreement": None if pd.isna(r.agreement) else float(r.agreement),
              "prompt_sha256": r.prompt_sha256, "object": r.object} for r in sub.itertuples()]
     first = sub.iloc[0]

@@ -268,10 +268,12 @@ def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[st
            "(its own task definitions, local data) and Inspect (multiple_choice + choice). Each package scores "
            "a different object (prompt format, candidates, rule: docs/CROSS_PACKAGE.md). Agreement: share of "
            "items where the package picks the option SafetyRepro's nominal free-form cell picks. Spread: max - "
-           "min over packages (percentage points), per model and its max over models.", ""]
+           "min over packages (percentage points), per model and its max over models. Precision: the weights' "
+           "precision of each row (the issue's nominal configuration is bf16; the run's own logprob cells are in "
+           "the run's quantization).", ""]
     out.append(section("cross_package", lambda d: md_table(d, {
         "benchmark": "benchmark", "model": "model", "package": "package", "version": "version",
-        "score": "score", "n_items": "items", "agreement": "agreement", "spread_model_pp": "spread (pp)",
+        "precision": "precision", "score": "score", "n_items": "items", "agreement": "agreement", "spread_model_pp": "spread (pp)",
         "spread_pp": "benchmark spread (pp)", "ordering_changes": "ordering changes",
         "prompt_sha256": "prompt sha256"})))
     out += ["", _figure(figures_dir, "cross_package", out_path, "scores per package"), ""]
