@@ -146,6 +146,29 @@ def test_card_block_and_report_section(tmp_path):
     assert "| precision |" in text and "| nf4 |" in text
 
 
+def test_figure_keeps_one_colour_per_package_across_benchmarks():
+    """A benchmark that some package does not score (CrowS-Pairs: no Inspect, no free-form
+    cell) keeps every other package's colour; a zero score stays visible."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from safetyrepro.crosspkg.stage import cross_package_figure
+
+    rows = [("bbq", p, s) for p, s in (("inspect", 0.0), ("lm-eval", 0.25), ("safetyrepro-freeform", 0.5),
+                                        ("safetyrepro-logprob", 0.75))]
+    rows += [("crows_pairs", "lm-eval", 0.5), ("crows_pairs", "safetyrepro-logprob", 0.25)]
+    df = pd.DataFrame([{"benchmark": b, "model": "m", "package": p, "score": s, "spread_pp": 0.0,
+                        "ordering_changes": False} for b, p, s in rows])
+    fig = cross_package_figure(df)
+    bbq, crows = fig.axes[0], fig.axes[1]
+    colour = {lab: bar.get_facecolor() for lab, bar in zip(["inspect", "lm-eval", "safetyrepro-freeform",
+                                                             "safetyrepro-logprob"], bbq.patches)}
+    assert [p.get_facecolor() for p in crows.patches] == [colour["lm-eval"], colour["safetyrepro-logprob"]]
+    assert bbq.patches[0].get_height() > 0          # inspect's 0.0
+    assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()] == sorted(colour)
+    plt.close(fig)
+
+
 def test_short_model_names():
     from safetyrepro.crosspkg.importers import short_names
 

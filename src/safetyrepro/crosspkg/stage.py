@@ -403,6 +403,18 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
 
 
 def plot_cross_package(df: pd.DataFrame, path: Path) -> Path:
+    """Write :func:`cross_package_figure` to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = cross_package_figure(df)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def cross_package_figure(df: pd.DataFrame):
     """Per benchmark: each model's score in each package (grouped bars), spread in the title."""
     import matplotlib
 
@@ -410,23 +422,26 @@ def plot_cross_package(df: pd.DataFrame, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     benches = sorted(df["benchmark"].unique())
+    # one colour and slot per package across all panels (a benchmark some package lacks keeps
+    # the others' colours); a score of 0 is drawn as a thin bar so that it stays visible
+    pkgs = sorted(df["package"].unique())
+    colours = {p: f"C{k}" for k, p in enumerate(pkgs)}
     fig, axes = plt.subplots(1, max(1, len(benches)), figsize=(4.2 * max(1, len(benches)), 3.6), squeeze=False)
     for ax, b in zip(axes[0], benches):
         g = df[df["benchmark"] == b]
-        models, pkgs = sorted(g["model"].unique()), sorted(g["package"].unique())
-        w = 0.8 / len(pkgs)
-        for k, p in enumerate(pkgs):
+        models, here = sorted(g["model"].unique()), [p for p in pkgs if p in set(g["package"])]
+        w = 0.8 / len(here)
+        for k, p in enumerate(here):
             s = g[g["package"] == p].set_index("model")["score"]
-            ax.bar([i + k * w for i in range(len(models))], [s.get(m, float("nan")) for m in models], w, label=p)
+            vals = [s.get(m, float("nan")) for m in models]
+            ax.bar([i + k * w for i in range(len(models))], [max(v, 0.005) for v in vals], w, color=colours[p],
+                   label=p)
         ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))], models, rotation=20, fontsize=7)
         ax.set_ylim(0, 1)
         ax.set_title(f"{b}: spread {g['spread_pp'].iloc[0]:.1f} pp"
                      + (", ordering changes" if bool(g["ordering_changes"].iloc[0]) else ""), fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[p]) for p in pkgs]
+    axes[0][-1].legend(handles, pkgs, fontsize=7)
     axes[0][0].set_ylabel("score (nominal config)")
-    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return fig
