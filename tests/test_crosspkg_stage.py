@@ -241,3 +241,23 @@ def test_safetyrepro_rows_name_the_table_without_a_quantization_column():
                             item_id="i", correct=True)])
     with pytest.raises(DataError, match=r"old_item_results\.parquet.*\['quantization'\]"):
         safetyrepro_rows([(ir, "main", "old_item_results.parquet")], {}, "T1-greedy-k0-freeform", "v")
+
+
+def test_lmeval_loop_is_a_config_choice(tmp_path):
+    """analysis.cross_package_lmeval_loop: shared-context by default; anything but the two loops
+    is refused naming the field."""
+    import yaml
+
+    from safetyrepro.config import load_config
+    from safetyrepro.crosspkg.stage import LMEVAL_LOOPS
+    from safetyrepro.errors import ConfigError
+    from workflow_support import ROOT
+
+    assert load_config(ROOT / "config/config.yaml").section("analysis")["cross_package_lmeval_loop"] == LMEVAL_LOOPS[0]
+    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    cfg["analysis"]["cross_package_lmeval_loop"] = "fast"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    with pytest.raises(ConfigError, match="cross_package_lmeval_loop"):
+        load_config(path)
