@@ -225,6 +225,9 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     m = read_metadata(out)
     assert m["producer"] == "safetyrepro.crosspkg.stage" and m["nominal_config"] == "T1-greedy-k0-freeform"
     assert m["lmeval_loop"] == "shared-context" and len(m["sources"]) == 2
+    from safetyrepro.models.load import compute_threads
+
+    assert m["torch_threads"] == compute_threads(default_cfg)
     assert set(m["timings_s"]) == {"lm-eval/smollm2-135m", "inspect/smollm2-135m"}
     per_item = pd.read_parquet(out.with_name("cross_package_items.parquet"))
     assert len(per_item) == 4 * 2 and (tmp_path / "fig.png").stat().st_size > 0
