@@ -208,6 +208,10 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     write_parquet(pd.DataFrame(ir), tmp_path / "item_results.parquet", meta)
     write_parquet(pd.DataFrame(ir16), tmp_path / "item_results_bf16.parquet", meta)
     out = tmp_path / "tables" / "cross_package.parquet"
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)                # as under Snakemake's OMP_NUM_THREADS=1
     t = run_stage(default_cfg, tmp_path / "items", tmp_path / "item_results.parquet", out, tmp_path / "work",
                   models=["smollm2-135m"], benchmarks=["truthfulqa"], figure=tmp_path / "fig.png",
                   item_results_bf16=tmp_path / "item_results_bf16.parquet")
@@ -227,7 +231,8 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     assert m["lmeval_loop"] == "shared-context" and len(m["sources"]) == 2
     from safetyrepro.models.load import compute_threads
 
-    assert m["torch_threads"] == compute_threads(default_cfg)
+    assert m["torch_threads"] == compute_threads(default_cfg) == torch.get_num_threads()
+    torch.set_num_threads(before)
     assert set(m["timings_s"]) == {"lm-eval/smollm2-135m", "inspect/smollm2-135m"}
     per_item = pd.read_parquet(out.with_name("cross_package_items.parquet"))
     assert len(per_item) == 4 * 2 and (tmp_path / "fig.png").stat().st_size > 0
