@@ -208,6 +208,10 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     write_parquet(pd.DataFrame(ir), tmp_path / "item_results.parquet", meta)
     write_parquet(pd.DataFrame(ir16), tmp_path / "item_results_bf16.parquet", meta)
     out = tmp_path / "tables" / "cross_package.parquet"
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)                # as under Snakemake's OMP_NUM_THREADS=1
     t = run_stage(default_cfg, tmp_path / "items", tmp_path / "item_results.parquet", out, tmp_path / "work",
                   models=["smollm2-135m"], benchmarks=["truthfulqa"], figure=tmp_path / "fig.png",
                   item_results_bf16=tmp_path / "item_results_bf16.parquet")
@@ -225,6 +229,10 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     m = read_metadata(out)
     assert m["producer"] == "safetyrepro.crosspkg.stage" and m["nominal_config"] == "T1-greedy-k0-freeform"
     assert m["lmeval_loop"] == "shared-context" and len(m["sources"]) == 2
+    from safetyrepro.models.load import compute_threads
+
+    assert m["torch_threads"] == compute_threads(default_cfg) == torch.get_num_threads()
+    torch.set_num_threads(before)
     assert set(m["timings_s"]) == {"lm-eval/smollm2-135m", "inspect/smollm2-135m"}
     per_item = pd.read_parquet(out.with_name("cross_package_items.parquet"))
     assert len(per_item) == 4 * 2 and (tmp_path / "fig.png").stat().st_size > 0
@@ -241,3 +249,23 @@ def test_safetyrepro_rows_name_the_table_without_a_quantization_column():
                             item_id="i", correct=True)])
     with pytest.raises(DataError, match=r"old_item_results\.parquet.*\['quantization'\]"):
         safetyrepro_rows([(ir, "main", "old_item_results.parquet")], {}, "T1-greedy-k0-freeform", "v")
+
+
+def test_lmeval_loop_is_a_config_choice(tmp_path):
+    """analysis.cross_package_lmeval_loop: shared-context by default; anything but the two loops
+    is refused naming the field."""
+    import yaml
+
+    from safetyrepro.config import load_config
+    from safetyrepro.crosspkg.stage import LMEVAL_LOOPS
+    from safetyrepro.errors import ConfigError
+    from workflow_support import ROOT
+
+    assert load_config(ROOT / "config/config.yaml").section("analysis")["cross_package_lmeval_loop"] == LMEVAL_LOOPS[0]
+    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    cfg["analysis"]["cross_package_lmeval_loop"] = "fast"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    with pytest.raises(ConfigError, match="cross_package_lmeval_loop"):
+        load_config(path)

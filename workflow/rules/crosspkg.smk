@@ -27,6 +27,7 @@ rule cross_package:
         config=CONFIG,
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         work=f"{RESULTS}/cross_package",
+        loop=ANALYSIS["cross_package_lmeval_loop"],
         bf16=lambda w, input: (
             f"--item-results-bf16 {shlex.quote(input.item_results_bf16[0])}"
             if input.item_results_bf16
@@ -35,4 +36,4 @@ rule cross_package:
     shell:
         '"$PY" -m safetyrepro cross-package --config {params.config:q} --items-dir {params.items_dir:q}'
         " --item-results {input.item_results:q} {params.bf16} --out {output.table:q} --work {params.work:q}"
-        " --figure {output.figure:q} > {log:q} 2>&1"
+        " --figure {output.figure:q} --lmeval-loop {params.loop:q} > {log:q} 2>&1"

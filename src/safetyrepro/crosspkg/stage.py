@@ -348,8 +348,15 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     from ..models.prepare import prepare_model
     from ..provenance import code_version_string as code_version
 
+    import torch
+
+    from ..models.load import compute_threads
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local folders only: no hub look-ups
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    # every core this process may use, as the cell workers do: under Snakemake a single-core
+    # job inherits OMP_NUM_THREADS=1 (the stage then ran on one of this machine's two cores)
+    torch.set_num_threads(compute_threads(cfg))
     t0 = time.perf_counter()
     nominal = cfg.section("analysis").get("nominal_config", "T1-greedy-k0-freeform")
     benches = [b for b in (benchmarks or cfg.benchmarks) if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
@@ -388,6 +395,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     inputs = [(Path(p), read_metadata(p)) for p in (item_results, item_results_bf16) if p]
     meta = output_metadata("cross_package", inputs,
                            extra={"nominal_config": nominal, "lmeval_loop": lmeval_loop,
+                                  "torch_threads": torch.get_num_threads(),
                                   "precision": "per row: columns precision and numerics",
                                   "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")},
                                   "timings_s": timings, "seconds": time.perf_counter() - t0},
