@@ -11,12 +11,16 @@ from safetyrepro.plan import SHARD_ROOTS, Plan
 from workflow_support import ROOT
 
 
-def _plan(tmp_path, models: dict[str, str], precision_check=True, seeds=None) -> Plan:
+def _plan(tmp_path, models: dict[str, str], precision_check=True, seeds=None, cross_package=False,
+          nominal=None) -> Plan:
     cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
     source = next(iter(cfg["models"].values()))["source"]
     cfg["models"] = {m: {"display_name": m, "quantization": q, "source": source} for m, q in models.items()}
     cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
     cfg["analysis"]["precision_check"] = precision_check
+    cfg["analysis"]["cross_package"] = cross_package
+    if nominal:
+        cfg["analysis"]["nominal_config"] = nominal
     if seeds:
         cfg["envelope"]["seeds"] = seeds
     cfg["runtime"]["results_dir"] = str(tmp_path / "results")
@@ -45,6 +49,37 @@ def test_one_bf16_model_gets_its_own_precision_check_cells(tmp_path):
     # one worker per (model, quantization): the bf16 model's variants share it
     assert plan.worker_key("b", plan.quantization("b", "bf16")) == plan.worker_key("b", plan.quantization("b"))
     assert plan.worker_key("a", "bf16") != plan.worker_key("a", "nf4")
+
+
+def test_cross_package_adds_the_nominal_cells_in_bf16_and_nothing_else(tmp_path):
+    # the stage compares packages at the nominal config in bf16: the run's own free-form row
+    # comes from the precision check (T1-greedy-k0-freeform is in conservative_core), its
+    # logprob row needs the logprob twin in bf16 too (CrowS-Pairs, logprob-only, included)
+    plain = _plan(tmp_path, {"a": "nf4"})
+    stage = _plan(tmp_path, {"a": "nf4"}, cross_package=True)
+    benches = stage.cfg.benchmarks
+    added = {(j.benchmark, j.config.id, j.seed) for j in stage.jobs("bf16")} - \
+        {(j.benchmark, j.config.id, j.seed) for j in plain.jobs("bf16")}
+    assert added == {(b, "T1-greedy-k0-logprob", 0) for b in benches}
+    assert {(j.benchmark, j.config.id) for j in plain.jobs("bf16")} <= \
+        {(j.benchmark, j.config.id) for j in stage.jobs("bf16")}
+    assert stage.jobs("main") == plain.jobs("main")
+    assert all(stage.config("T1-greedy-k0-logprob") in stage.configs(b, "bf16") for b in benches)
+    assert stage.decode_group("crows_pairs", "T1-greedy-k0-logprob", "bf16") == (("greedy", 1),)
+    assert len(stage.shards("bf16")) == len(stage.jobs("bf16")) == len(plain.jobs("bf16")) + len(benches)
+    # a nominal outside the precision check's envelope brings its free-form cell too; a sampled
+    # nominal has no logprob twin (logprob is greedy only)
+    t3 = _plan(tmp_path, {"a": "nf4"}, cross_package=True, nominal="T3-greedy-k5-freeform")
+    assert t3.nominal_bf16_configs("bbq") == (t3.config("T3-greedy-k5-freeform"), t3.config("T3-greedy-k5-logprob"))
+    assert t3.nominal_bf16_configs("crows_pairs") == (t3.config("T3-greedy-k5-logprob"),)
+    sampled = _plan(tmp_path, {"a": "nf4"}, cross_package=True, nominal="T3-t0.3-k0-freeform")
+    assert sampled.nominal_bf16_configs("bbq") == (sampled.config("T3-t0.3-k0-freeform"),)
+    assert sorted({j.seed for j in sampled.jobs("bf16") if j.config.id == "T3-t0.3-k0-freeform"}) == [0, 1, 2, 3, 4]
+    # no precision check (every model bf16, or switched off): no bf16 variant, nothing added
+    assert _plan(tmp_path, {"a": "nf4"}, precision_check=False, cross_package=True).nominal_bf16_configs("bbq") == ()
+    bad = _plan(tmp_path, {"a": "nf4"}, cross_package=True, nominal="T9-greedy-k0-freeform")
+    with pytest.raises(ValueError, match="analysis.nominal_config"):
+        bad.jobs("bf16")
 
 
 def test_precision_check_is_off_when_every_model_is_bf16(tmp_path):

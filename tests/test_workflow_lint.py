@@ -40,9 +40,10 @@ def test_default_dry_run_plans_every_cell(tmp_path):
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
     # one rule, `cell`, for every cell job: the 1,764 (model, benchmark, config, seed) jobs of the
-    # full envelope and the precision check's 48 (conservative_core: 4 configs x 4 benchmarks x
-    # 3 models, greedy)
-    assert counts["cell"] == 1764 + 48
+    # full envelope, the precision check's 48 (conservative_core: 4 configs x 4 benchmarks x
+    # 3 models, greedy) and, the cross-package stage being on, the nominal config's logprob twin
+    # in bf16 (5 benchmarks x 3 models) for the stage's own bf16 logprob row
+    assert counts["cell"] == 1764 + 48 + 15
     assert counts["prepare_model"] == 3 and counts["items"] == 5 and counts["aggregate"] == 1
 
 
@@ -117,10 +118,14 @@ def test_analysis_rules_declare_what_their_step_writes(tmp_path):
     expected["figures"] = outputs.figure_outputs(figures)
     expected["cards"] = outputs.card_outputs(cards, [(m, b) for m in plan.cfg.models for b in plan.cfg.benchmarks])
     expected["report-md"] = {"report": results / "report.md"}
+    # the two table commands that are not `analyze` steps
+    expected["rho-flip"] = outputs.rho_flip_outputs(tables)
+    expected["cross-package"] = outputs.cross_package_outputs(tables, figures)
     seen = {}
     jobs = re.finditer(r"^rule ([\w.-]+):\n((?:    .*\n)+)Shell command: (.*)\n", r.stdout + r.stderr, flags=re.M)
     for m in jobs:
-        step = re.search(r"-m safetyrepro analyze ([\w-]+) ", m.group(3))
+        step = re.search(r"-m safetyrepro analyze ([\w-]+) ", m.group(3)) or \
+            re.search(r"-m safetyrepro (rho-flip|cross-package) ", m.group(3))
         if step is None:
             continue
         fields = dict(line.strip().split(": ", 1) for line in m.group(2).splitlines() if ": " in line)
