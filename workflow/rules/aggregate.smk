@@ -42,8 +42,7 @@ rule rho_flip:
     input:
         f"{RESULTS}/tables/cell_scores.parquet",
     output:
-        pairs=f"{RESULTS}/tables/rho_flip.parquet",
-        csv=f"{RESULTS}/tables/rho_flip.csv",
+        **{k: str(p) for k, p in analysis_outputs.rho_flip_outputs(TABLES).items()},
     log:
         f"{RESULTS}/logs/rho_flip.log",
     conda:

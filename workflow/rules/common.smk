@@ -81,7 +81,7 @@ wildcard_constraints:
 def all_targets():
     targets = [
         f"{RESULTS}/tables/cell_scores.parquet",
-        f"{RESULTS}/tables/rho_flip.parquet",
+        str(analysis_outputs.rho_flip_outputs(TABLES)["pairs"]),
     ]
     targets += analysis_targets() + CROSS_PACKAGE_TABLES
     return targets
@@ -168,7 +168,11 @@ CROSS_PACKAGE_BENCHMARKS = [
     b for b in RUN.benchmarks if b in ("truthfulqa", "bbq", "crows_pairs")
 ]
 CROSS_PACKAGE = bool(ANALYSIS.get("cross_package")) and bool(CROSS_PACKAGE_BENCHMARKS)
-CROSS_PACKAGE_TABLES = [f"{TABLES}/cross_package.parquet"] if CROSS_PACKAGE else []
+CROSS_PACKAGE_OUTPUTS = {
+    k: str(p)
+    for k, p in analysis_outputs.cross_package_outputs(TABLES, FIGURES_DIR).items()
+}
+CROSS_PACKAGE_TABLES = [CROSS_PACKAGE_OUTPUTS["table"]] if CROSS_PACKAGE else []
 
 
 def cell_variant(wildcards):

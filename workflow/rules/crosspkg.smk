@@ -14,10 +14,7 @@ rule cross_package:
         ),
         models=[f"{RESULTS}/models/{m}.json" for m in RUN.models],
     output:
-        table=f"{TABLES}/cross_package.parquet",
-        csv=f"{TABLES}/cross_package.csv",
-        per_item=f"{TABLES}/cross_package_items.parquet",
-        figure=f"{RESULTS}/figures/cross_package.png",
+        **CROSS_PACKAGE_OUTPUTS,
     log:
         f"{RESULTS}/logs/cross_package.log",
     conda:

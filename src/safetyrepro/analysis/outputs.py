@@ -62,6 +62,36 @@ def table_outputs(step: str, out_dir: str | Path) -> dict[str, Path]:
     return paths
 
 
+def rho_flip_outputs(out_dir: str | Path) -> dict[str, Path]:
+    """What ``safetyrepro rho-flip CELL_SCORES --out <out_dir>/rho_flip.parquet`` writes: the
+    pairs table (stamped Parquet) and its CSV (:func:`safetyrepro.metrics.tables.write_pairwise_table`
+    names its files with :func:`rho_flip_files`; the ``rho_flip`` rule declares the same)."""
+    return rho_flip_files(Path(out_dir) / "rho_flip.parquet")
+
+
+def rho_flip_files(out: str | Path) -> dict[str, Path]:
+    """The files the rho-flip command writes for its ``--out`` table: it and its CSV."""
+    return _with_csv(Path(out), "pairs")
+
+
+def cross_package_outputs(out_dir: str | Path, figures_dir: str | Path) -> dict[str, Path]:
+    """What the ``cross-package`` command writes, given its ``--out`` table in ``out_dir`` and
+    its ``--figure`` in ``figures_dir``: the table, its CSV, the per-item table and the figure
+    (:func:`cross_package_files` names the files from ``--out``; the rule declares the same)."""
+    return cross_package_files(Path(out_dir) / "cross_package.parquet") | \
+        {"figure": Path(figures_dir) / "cross_package.png"}
+
+
+def cross_package_files(out: str | Path) -> dict[str, Path]:
+    """The files the cross-package stage writes next to its ``--out`` table."""
+    out = Path(out)
+    return _with_csv(out, "table") | {"per_item": out.with_name(out.stem + "_items.parquet")}
+
+
+def _with_csv(parquet: Path, key: str) -> dict[str, Path]:
+    return {key: parquet, "csv": parquet.with_suffix(".csv")}
+
+
 def figure_outputs(out_dir: str | Path) -> dict[str, Path]:
     """``{figure: <out_dir>/<figure>.png}`` of every figure the figures step draws."""
     return {name: Path(out_dir) / f"{name}.png" for name in FIGURES}

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.outputs import cross_package_files
 from ..errors import DataError
 from .localdata import write_lmeval_task
 
@@ -77,7 +78,8 @@ def safetyrepro_rows(sources: list[tuple[pd.DataFrame, str, str]], items: dict, 
     ``sources``: ``(item_results, variant, path)`` in order of preference; each (cell, benchmark,
     model) is taken from the first table that has it. The stage passes the bf16 precision
     check's item results first (the issue's nominal precision, where the run has those cells:
-    the free-form nominal cell is in its conservative_core envelope), then the run's own. Every
+    with the stage on, the plan puts the nominal cell and its logprob twin into the bf16
+    variant, :meth:`safetyrepro.plan.Plan.nominal_bf16_configs`), then the run's own. Every
     row records its ``precision`` (the cells' ``quantization`` column) and where it came from."""
     from ..tasks import load_task
 
@@ -402,9 +404,10 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
                            producer="safetyrepro.crosspkg.stage")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_parquet(df, out, meta)
-    df.to_csv(out.with_suffix(".csv"), index=False)
-    write_parquet(item_table(rows), out.with_name(out.stem + "_items.parquet"), meta | {"table": "cross_package_items"})
+    files = cross_package_files(out)
+    write_parquet(df, files["table"], meta)
+    df.to_csv(files["csv"], index=False)
+    write_parquet(item_table(rows), files["per_item"], meta | {"table": "cross_package_items"})
     if figure is not None:
         plot_cross_package(df, figure)
     return df

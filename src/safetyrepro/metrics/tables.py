@@ -80,6 +80,7 @@ def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
     fingerprint) and a CSV beside it, from ``cell_scores.parquet``; returns the table."""
     from pathlib import Path
 
+    from ..analysis.outputs import rho_flip_files
     from ..io import read_parquet, write_csv, write_parquet
     from ..provenance import code_stamp, code_version
 
@@ -93,6 +94,7 @@ def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
            **code_stamp(__name__),
            "sources": [{"path": str(cell_scores), "producer": meta.get("producer"),
                         "code_fingerprint": meta.get("code_fingerprint")}]}
-    write_parquet(pairs, out, md)
-    write_csv(pairs, out.with_suffix(".csv"))
+    files = rho_flip_files(out)
+    write_parquet(pairs, files["pairs"], md)
+    write_csv(pairs, files["csv"])
     return pairs
