@@ -66,6 +66,17 @@ def test_config_id_roundtrip():
         grid.Config.parse("T2-t0.3")
 
 
+def test_config_of_looks_ids_up_in_the_rules_levels():
+    rules = load_rules()
+    c = grid.config_of(rules, "T2-t0.3-k3-freeform")
+    assert c == grid.Config("T2", "t0.3", "k3", "freeform") and c is grid.config_index(rules)[c.id]
+    # every config the levels form, valid for some benchmark or not (T4 logprob is invalid)
+    assert grid.config_of(rules, "T4-t0.7-k5-logprob").levels()["decoding"] == "t0.7"
+    for bad in ("T9-greedy-k0-freeform", "T1-greedy-k0", "T1-greedy-k7-logprob"):
+        with pytest.raises(ValueError, match=str(rules.path)):
+            grid.config_of(rules, bad)
+
+
 def _write_rules(tmp_path: Path, content: dict) -> Path:
     p = tmp_path / "envelope.yaml"
     p.write_text(yaml.safe_dump(content))

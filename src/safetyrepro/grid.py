@@ -47,11 +47,29 @@ class Job:
         return f"{self.model}/{self.benchmark}/{self.config.id}/s{self.seed}"
 
 
+_INDEX: dict[str, dict[str, Config]] = {}  # rules stamp -> config_index
+
+
 def config_index(rules: Rules) -> dict[str, Config]:
     """Every config the rules' axis levels can form (valid for some benchmark or not), by id:
-    the one mapping from a config id to its :class:`Config` (the plan looks ids up here)."""
-    levels = [[lv["id"] for lv in rules.levels(a)] for a in AXES]
-    return {c.id: c for c in (Config(*combo) for combo in itertools.product(*levels))}
+    the one mapping from a config id to its :class:`Config` (the plan and :func:`config_of`
+    look ids up here). Built once per rules file content (its stamp)."""
+    if rules.stamp not in _INDEX:
+        levels = [[lv["id"] for lv in rules.levels(a)] for a in AXES]
+        _INDEX[rules.stamp] = {c.id: c for c in (Config(*combo) for combo in itertools.product(*levels))}
+    return _INDEX[rules.stamp]
+
+
+def config_of(rules: Rules, config_id: str) -> Config:
+    """The :class:`Config` of ``config_id`` under ``rules``: ValueError naming the rules file
+    for an id that is not template-decoding-shots-scoring of its levels. Code that has the
+    rules looks ids up here (:meth:`Config.parse` only splits an id, for tables certified
+    without a rules file)."""
+    try:
+        return config_index(rules)[config_id]
+    except KeyError:
+        raise ValueError(f"config id {config_id!r} is not template-decoding-shots-scoring of the "
+                         f"levels of the rules {rules.path}") from None
 
 
 def configs(rules: Rules, benchmark: str, envelope: str = "full") -> list[Config]:

@@ -126,20 +126,12 @@ class Plan:
         return tuple(out)
 
     # ---- configs: ids (wildcards, shard folders) -> the plan's Config objects -------------
-    @functools.cached_property
-    def _config_index(self) -> dict[str, grid.Config]:
-        return grid.config_index(self.cfg.rules)
-
     def config(self, config_id: str) -> grid.Config:
         """The :class:`~.grid.Config` of ``config_id`` (a cell wildcard, a shard folder name):
-        looked up in the plan's table of the rules' configs, the one place an id becomes a
-        Config; every method taking a config id goes through here. ValueError for an id
+        looked up in the rules' table of configs (:func:`.grid.config_of`, the one place an id
+        becomes a Config); every method taking a config id goes through here. ValueError for an id
         that is not template-decoding-shots-scoring of the rules' levels."""
-        try:
-            return self._config_index[config_id]
-        except KeyError:
-            raise ValueError(f"config id {config_id!r} is not template-decoding-shots-scoring of the "
-                             f"levels of the rules {self.cfg.rules.path}") from None
+        return grid.config_of(self.cfg.rules, config_id)
 
     @functools.lru_cache(maxsize=None)
     def configs(self, benchmark: str, variant: str = "main") -> frozenset[grid.Config]:

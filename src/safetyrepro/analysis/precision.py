@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..grid import Config
+from ..grid import config_of
 from ..rules import Rules, load_rules
 from ..metrics.compare import scores_of
 from .common import check_rules_file, check_same_rules, load_cell_scores, output_metadata, weak_ranks, write_tables
@@ -30,7 +30,7 @@ SUMMARY_COLUMNS = ["benchmark", "n_cells_paired", "n_cells_main_only", "n_cells_
 
 
 def in_sub_envelope(rules: Rules, benchmark: str, config: str, name: str = SUB_ENVELOPE) -> bool:
-    lv = Config.parse(config).levels()
+    lv = config_of(rules, config).levels()
     return rules.is_valid(benchmark, lv) and rules.in_sub_envelope(name, lv)
 
 

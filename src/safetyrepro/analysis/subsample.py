@@ -31,7 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..errors import DataError
-from ..grid import Config, is_core
+from ..grid import config_of, is_core
 from ..metrics import orderings
 from ..metrics.compare import Scores, diff_sign
 from ..rules import load_rules
@@ -249,7 +249,7 @@ def write_subsample_stability(item_results_path: str | Path, items_dir: str | Pa
     benches = sorted(results["benchmark"].unique())
     items = {b: read_item_table(items_dir, b) for b in benches}
     core = {(b, c) for b, c in set(zip(results["benchmark"], results["config"]))
-            if is_core(rules, Config.parse(c))}
+            if is_core(rules, config_of(rules, c))}
     summary, cells, rhos = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True,
                                                parity=parity)
     params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,

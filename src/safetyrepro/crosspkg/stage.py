@@ -343,7 +343,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     import gc
     import os
 
-    from ..grid import Config
+    from ..grid import config_of
     from ..items import read_items
     from ..io import write_parquet
     from ..models.load import load_model, resolve_device
@@ -363,7 +363,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     nominal = cfg.section("analysis").get("nominal_config", "T1-greedy-k0-freeform")
     benches = [b for b in (benchmarks or cfg.benchmarks) if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
     items = {b: read_items(Path(items_dir) / f"{b}.parquet")[0] for b in benches}
-    nom = Config.parse(nominal)
+    nom = config_of(cfg.rules, nominal)
     shots = int(str(nom.shots).lstrip("k"))
     if nom.decoding != "greedy":
         raise DataError(item_results, f"analysis.nominal_config {nominal!r}: the cross-package stage runs greedy "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig, config_from_dict
-from ..grid import Config
+from ..grid import Config, config_of
 
 
 @dataclass
@@ -45,7 +45,7 @@ def freeform_prompts(cfg: RunConfig, lm, wl: Workload, config_id: str) -> list[s
     from ..requests import cell_requests
     from ..tasks import load_task
 
-    return cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), Config.parse(config_id),
+    return cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), config_of(cfg.rules, config_id),
                          wl.items, wl.fewshot).prompts
 
 
@@ -56,7 +56,7 @@ def logprob_requests(cfg: RunConfig, lm, wl: Workload, config_id: str
     from ..requests import cell_requests
     from ..tasks import load_task
 
-    req = cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), Config.parse(config_id),
+    req = cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), config_of(cfg.rules, config_id),
                         wl.items, wl.fewshot)
     return req.contexts, req.candidates
 
