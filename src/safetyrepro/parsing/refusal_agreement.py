@@ -70,11 +70,14 @@ class DevRecord:
 
 # ----------------------------------------------------------------------------- building
 def build_devset(source: str | Path, out: str | Path = DEVSET, *, n: int = SAMPLE_SIZE,
-                 seed: int = SAMPLE_SEED, check_sha: bool = True) -> list[DevRecord]:
-    """Sample the dev set from WildGuardTest's parquet: rows with a human refusal label, a
-    seeded uniform sample of ``n`` (numpy ``default_rng(seed).permutation``), the first half
-    of the sample ``tune`` and the second ``heldout``. Written as gzip JSONL with a zero
-    timestamp, so the same source and arguments give the same bytes."""
+                 seed: int = SAMPLE_SEED, check_sha: bool = True,
+                 rest_to_tune: bool = True) -> list[DevRecord]:
+    """Sample the dev set from WildGuardTest's parquet: the rows with a human refusal label in
+    a seeded random order (numpy ``default_rng(seed).permutation``); of the first ``n``, the
+    first half ``tune`` and the second ``heldout``; with ``rest_to_tune`` every labelled row
+    after the first ``n`` is added to ``tune`` too (written after the first ``n``, so the
+    ``heldout`` half does not depend on it). Written as gzip JSONL with a zero timestamp, so
+    the same source and arguments give the same bytes."""
     import numpy as np
     import pandas as pd
 
@@ -95,13 +98,14 @@ def build_devset(source: str | Path, out: str | Path = DEVSET, *, n: int = SAMPL
     labelled = df.index[df["response_refusal_label"].isin(list(GOLD_MAP))].to_numpy()
     if len(labelled) < n:
         raise DataError(source, f"only {len(labelled)} labelled responses; asked for {n}")
-    chosen = labelled[np.random.default_rng(seed).permutation(len(labelled))[:n]]
+    order = labelled[np.random.default_rng(seed).permutation(len(labelled))]
+    chosen = order if rest_to_tune else order[:n]
     records = []
     for pos, row_idx in enumerate(chosen):
         row = df.loc[row_idx]
         harm = row["prompt_harm_label"]
         records.append(DevRecord(
-            id=f"wgt-{int(row_idx)}", split=SPLITS[0] if pos < n // 2 else SPLITS[1],
+            id=f"wgt-{int(row_idx)}", split=SPLITS[1] if n // 2 <= pos < n else SPLITS[0],
             gold=GOLD_MAP[row["response_refusal_label"]],
             agreement=int(row["response_refusal_agreement"]),
             response=str(row["response"]), prompt=str(row["prompt"]),
