@@ -269,8 +269,8 @@ def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[st
            "a different object (prompt format, candidates, rule: docs/CROSS_PACKAGE.md). Agreement: share of "
            "items where the package picks the option SafetyRepro's nominal free-form cell picks. Spread: max - "
            "min over packages (percentage points), per model and its max over models. Precision: the weights' "
-           "precision of each row (the issue's nominal configuration is bf16; the run's own logprob cells are in "
-           "the run's quantization).", ""]
+           "precision of each row (the nominal configuration is compared in bf16; SafetyRepro's rows are the bf16 "
+           "precision check's nominal cells where the run has them, else the run's own cells in its quantization).", ""]
     out.append(section("cross_package", lambda d: md_table(d, {
         "benchmark": "benchmark", "model": "model", "package": "package", "version": "version",
         "precision": "precision", "score": "score", "n_items": "items", "agreement": "agreement", "spread_model_pp": "spread (pp)",
