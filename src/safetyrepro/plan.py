@@ -33,7 +33,7 @@ from .hashing import canonical_hash
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
 # check: the conservative_core sub-envelope in bf16, for every model (with the cross-package
-# stage on, also the nominal configuration and its logprob twin: Plan.configs).
+# stage on, also the nominal configuration and its logprob twin: Plan.nominal_bf16_configs).
 SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
 SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
 
