@@ -19,7 +19,8 @@ from safetyrepro.parsing import ParseResult, refusal_spec
 from safetyrepro.tasks import parse_response
 from safetyrepro.parsing.refusal import UNCLEAR, classify_refusal
 from safetyrepro.parsing.refusal_agreement import (DEVDATA, DEVSET, DevRecord, agreement, binary,
-                                                   build_devset, first_words, load_devset, main,
+                                                   build_devset, first_words, learned_ceiling,
+                                                   load_devset, main,
                                                    write_devset, xstest_classifier)
 from safetyrepro.tasks import load_task
 
@@ -349,6 +350,53 @@ def test_cli_writes_a_record(tmp_path, capsys):
     assert rec["devset_sha256"] == sha256_file(dev)
     assert rec["first_words"]["15"]["heldout"]["n"] == 1
     assert "heldout" in capsys.readouterr().out
+
+
+def _synthetic(n_each: int, split: str = "tune") -> list[DevRecord]:
+    refusals = ["I can't help with building {}.", "I won't explain how to make {}.",
+                "I cannot assist with {} requests."]
+    answers = ["To make {}, mix the parts and wait.", "Sure: {} is made in three steps.",
+               "Here is how {} works, step by step."]
+    out = []
+    for i in range(n_each):
+        for gold, pool in (("refuse", refusals), ("comply", answers)):
+            out.append(DevRecord(id=f"s-{split}-{gold}-{i}", split=split, gold=gold, agreement=3,
+                                 response=pool[i % 3].format(f"thing{i}"), prompt="p",
+                                 prompt_harm="", adversarial=False))
+    return out
+
+
+def test_learned_ceiling_cross_validates_on_what_it_is_given():
+    recs = _synthetic(15)
+    rec = learned_ceiling(recs, c_values=(1.0, 8.0), folds=3)
+    assert rec["n"] == 30 and set(rec["learned_cv"]) == {"1", "8"}
+    for r in rec["learned_cv"].values():
+        assert r["agreement"] == r["n_agree"] / 30 and r["agreement"] >= 0.9  # separable
+    assert rec["rules"]["n"] == 30 and rec["rules"]["agreement_decided"] == 1.0
+    # labels carried by nothing in the text: cross-validated agreement falls to about chance
+    noise = [DevRecord(**{**r.__dict__, "response": "A reply."}) for r in recs]
+    assert learned_ceiling(noise, c_values=(1.0,), folds=3)["learned_cv"]["1"]["agreement"] <= 0.7
+
+
+def test_ceiling_command_reads_only_the_tune_part(tmp_path, capsys):
+    dev = tmp_path / "dev.jsonl.gz"
+    write_devset(_synthetic(9) + _synthetic(4, split="heldout"), dev)
+    out = tmp_path / "ceiling.json"
+    assert main(["ceiling", "--devset", str(dev), "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["split"] == "tune" and rec["n"] == 18 and rec["rules"]["n"] == 18
+    assert rec["devset_sha256"] == sha256_file(dev)
+
+
+def test_recorded_ceiling_matches_its_devset():
+    rec = json.loads((DEVDATA / "refusal_ceiling.json").read_text())
+    assert rec["devset_sha256"] == sha256_file(DEVSET) and rec["split"] == "tune"
+    tune = [r for r in load_devset() if r.split == "tune"]
+    assert rec["n"] == len(tune)
+    # the rule classifier's numbers beside it are today's code's
+    now = agreement(tune, xstest_classifier())
+    assert (rec["rules"]["n_agree"], rec["rules"]["n_agree_partial_as_comply"]) == \
+        (now["n_agree"], now["n_agree_partial_as_comply"])
 
 
 # ---------------------------------------------------------------------------- build / load

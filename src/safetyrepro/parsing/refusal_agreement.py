@@ -15,10 +15,12 @@ Command line (from the project root)::
 
     python -m safetyrepro.parsing.refusal_agreement [--out FILE.json]
     python -m safetyrepro.parsing.refusal_agreement build SOURCE.parquet
+    python -m safetyrepro.parsing.refusal_agreement ceiling [--out FILE.json]
 
 The first recomputes the agreement per split with the classifier configured in
 ``tasks/xstest.yaml`` and writes a JSON record; the second rebuilds the dev set from a copy of
-``wildguard_test.parquet`` (checked against its recorded sha256) by the documented sampling.
+``wildguard_test.parquet`` (checked against its recorded sha256) by the documented sampling;
+the third measures a learned reference on the ``tune`` part only (``learned_ceiling``).
 """
 
 from __future__ import annotations
@@ -227,6 +229,11 @@ def xstest_classifier() -> Callable[[str], str | None]:
     return lambda text: classify_refusal(spec, text).label
 
 
+def _sha256(path: str | Path) -> str:
+    from ..hashing import sha256_file
+    return sha256_file(path)
+
+
 def report(devset: str | Path = DEVSET) -> dict:
     """The JSON record: agreement per split and overall, the parser version it measured and
     the dev set's identity."""
@@ -253,6 +260,48 @@ def report(devset: str | Path = DEVSET) -> dict:
     }
 
 
+CEILING_C = (1.0, 4.0, 16.0)
+CEILING_FOLDS = 5
+CEILING_SEED = 0
+
+
+def learned_ceiling(records: Iterable[DevRecord], *, c_values: Iterable[float] = CEILING_C,
+                    folds: int = CEILING_FOLDS, seed: int = CEILING_SEED) -> dict:
+    """How far a classifier fitted to the annotators' *own* binary labels gets on ``records``:
+    an L2 logistic regression over tf-idf word 1-2-grams and character 3-5-grams of the whole
+    response, scored by stratified ``folds``-fold cross-validation (shuffled with ``seed``)
+    for each regularisation strength C in ``c_values`` (all reported, none picked). It is
+    measured on the ``tune`` part only and is **not** part of the classifier: it learns
+    WildGuard's scheme (refuse-then-comply is compliance), which is not XSTest's, and it is
+    the reference the rule classifier's agreement is read against (how much of the gap to a
+    target is the labels rather than the rules). The rule classifier's agreement on the same
+    records, both readings, is returned beside it."""
+    import numpy as np
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline, make_union
+
+    recs = list(records)
+    texts = [r.response for r in recs]
+    gold = np.array([r.gold == COMPLY for r in recs])
+    cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    by_c = {}
+    for c in c_values:
+        model = make_pipeline(
+            make_union(TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True),
+                       TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=3,
+                                       sublinear_tf=True)),
+            LogisticRegression(C=float(c), max_iter=2000))
+        pred = cross_val_predict(model, texts, gold, cv=cv)
+        by_c[f"{float(c):g}"] = {"agreement": float((pred == gold).mean()),
+                                 "n_agree": int((pred == gold).sum())}
+    rules = _rates_only(agreement(recs, xstest_classifier()))
+    return {"n": len(recs), "folds": folds, "seed": seed,
+            "model": "tf-idf word 1-2-grams + char_wb 3-5-grams, L2 logistic regression",
+            "learned_cv": by_c, "rules": rules}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "build":
@@ -262,6 +311,20 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv[1:])
         recs = build_devset(args.source, args.out)
         print(f"wrote {len(recs)} records to {args.out}")
+        return 0
+    if argv and argv[0] == "ceiling":
+        ap = argparse.ArgumentParser(prog="python -m safetyrepro.parsing.refusal_agreement ceiling")
+        ap.add_argument("--devset", default=str(DEVSET))
+        ap.add_argument("--out", help="write the JSON record here")
+        args = ap.parse_args(argv[1:])
+        tune = [r for r in load_devset(args.devset) if r.split == "tune"]  # never the held-out part
+        rec = {"what": "learned reference on the tune part (5-fold CV); not the classifier",
+               "devset_sha256": _sha256(args.devset), "split": "tune", **learned_ceiling(tune),
+               "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        text = json.dumps(rec, indent=2, sort_keys=True)
+        if args.out:
+            Path(args.out).write_text(text + "\n", encoding="utf-8")
+        print(text)
         return 0
     ap = argparse.ArgumentParser(prog="python -m safetyrepro.parsing.refusal_agreement")
     ap.add_argument("--devset", default=str(DEVSET))
