@@ -187,22 +187,31 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
             for r, i in enumerate(alive_items):
                 row_of[i] = r
         r_n = len(alive_items)
-        inp = torch.full((r_n, k), pad, dtype=torch.long)
-        for j in keep:
-            v = active[j]
-            inp[row_of[v % n], v // n] = nxt_list[j]
+        active, tokens = [active[j] for j in keep], [nxt_list[j] for j in keep]
+        inp, select = _step_input(active, tokens, lambda v: row_of[v % n], n, k, r_n, pad, dev)
         pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
         allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
                              own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
-        active = [active[j] for j in keep]
-        rows = torch.tensor([row_of[v % n] for v in active], dtype=torch.long, device=dev)
-        cols = torch.tensor([v // n for v in active], dtype=torch.long, device=dev)
-        # logits of the running seeds only (finished seeds' dummy columns are not projected)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                      prefix=prefix, select=(rows, cols))
+                      prefix=prefix, select=select)
         if stats is not None:
             stats.add(r_n * k, len(active))
     return out.generations([n_prompt[v % n] for v in range(n * k)])
+
+
+def _step_input(streams: list[int], tokens: list[int], row_of, n: int, k: int, r_n: int,
+                pad: int, dev) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One decode step's input for stream columns: an ``[r_n, k]`` grid holding each running
+    stream ``v``'s next token (``tokens``, in ``streams`` order) at its cache row
+    ``row_of(v)`` and column ``v // n`` (its stream), pad elsewhere (finished streams' masked
+    dummy columns); and the ``(rows, cols)`` select of the running streams, the only positions
+    whose logits ``forward`` projects."""
+    inp = torch.full((r_n, k), pad, dtype=torch.long)
+    rows, cols = [row_of(v) for v in streams], [v // n for v in streams]
+    for r, c, t in zip(rows, cols, tokens):
+        inp[r, c] = t
+    return inp, (torch.tensor(rows, dtype=torch.long, device=dev),
+                 torch.tensor(cols, dtype=torch.long, device=dev))
 
 
 def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: _Sampler, *,
@@ -303,9 +312,8 @@ def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: 
         r_n = len(row_item)
         row_of = {i: r for r, i in enumerate(row_item)}
         running = sorted(pending)
-        inp = torch.full((r_n, k), pad, dtype=torch.long)
-        for v in running:
-            inp[row_of[v % n], v // n] = pending[v]
+        inp, select = _step_input(running, [pending[v] for v in running], lambda v: row_of[v % n],
+                                  n, k, r_n, pad, dev)
         pos = torch.tensor([[len(seqs[i]) + step - start[r]] * k for r, i in enumerate(row_item)],
                            dtype=torch.long)
         # ring blocks written so far: block b was last written at step step - ((step - b) % T)
@@ -314,10 +322,8 @@ def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: 
         valid = last[None, :] >= torch.tensor(start, dtype=torch.long)[:, None]   # [R, blocks]
         ringm = (valid[:, None, :, None] & own.cpu()[None, :, None, :]).reshape(r_n, k, blocks * k)
         allowed = torch.cat([base.cpu()[:, None, :].expand(r_n, k, c0), ringm], dim=2)
-        rows = torch.tensor([row_of[v % n] for v in running], dtype=torch.long, device=dev)
-        cols = torch.tensor([v // n for v in running], dtype=torch.long, device=dev)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                      prefix=prefix, select=(rows, cols))
+                      prefix=prefix, select=select)
         if stats is not None:
             stats.add(r_n * k, len(running))
         step += 1
