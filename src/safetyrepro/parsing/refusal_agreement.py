@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import DataError
+from ..hashing import sha256_file
 
 DEVDATA = Path(__file__).resolve().parent / "devdata"
 DEVSET = DEVDATA / "refusal_wildguardtest.jsonl.gz"
@@ -82,8 +83,6 @@ def build_devset(source: str | Path, out: str | Path = DEVSET, *, n: int = SAMPL
     the same source and arguments give the same bytes."""
     import numpy as np
     import pandas as pd
-
-    from ..hashing import sha256_file
 
     source = Path(source)
     if check_sha:
@@ -229,15 +228,9 @@ def xstest_classifier() -> Callable[[str], str | None]:
     return lambda text: classify_refusal(spec, text).label
 
 
-def _sha256(path: str | Path) -> str:
-    from ..hashing import sha256_file
-    return sha256_file(path)
-
-
 def report(devset: str | Path = DEVSET) -> dict:
     """The JSON record: agreement per split and overall, the parser version it measured and
     the dev set's identity."""
-    from ..hashing import sha256_file
     from ..tasks import load_task
 
     records = load_devset(devset)
@@ -302,6 +295,15 @@ def learned_ceiling(records: Iterable[DevRecord], *, c_values: Iterable[float] =
             "learned_cv": by_c, "rules": rules}
 
 
+def _write_json(rec: dict, out: str | None) -> str:
+    """``rec`` as indented, key-sorted JSON; written to ``out`` (folders created) when given."""
+    text = json.dumps(rec, indent=2, sort_keys=True)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n", encoding="utf-8")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "build":
@@ -319,22 +321,16 @@ def main(argv: list[str] | None = None) -> int:
         args = ap.parse_args(argv[1:])
         tune = [r for r in load_devset(args.devset) if r.split == "tune"]  # never the held-out part
         rec = {"what": "learned reference on the tune part (5-fold CV); not the classifier",
-               "devset_sha256": _sha256(args.devset), "split": "tune", **learned_ceiling(tune),
+               "devset_sha256": sha256_file(args.devset), "split": "tune", **learned_ceiling(tune),
                "created": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        text = json.dumps(rec, indent=2, sort_keys=True)
-        if args.out:
-            Path(args.out).write_text(text + "\n", encoding="utf-8")
-        print(text)
+        print(_write_json(rec, args.out))
         return 0
     ap = argparse.ArgumentParser(prog="python -m safetyrepro.parsing.refusal_agreement")
     ap.add_argument("--devset", default=str(DEVSET))
     ap.add_argument("--out", help="write the JSON record here")
     args = ap.parse_args(argv)
     rec = report(args.devset)
-    text = json.dumps(rec, indent=2, sort_keys=True)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    _write_json(rec, args.out)
     for name, r in list(rec["splits"].items()) + [("all", rec["all"])]:
         print(f"{name:8s} n={r['n']:4d}  agreement (decided) {r['agreement_decided']:.3f}  "
               f"abstained {r['abstention_rate']:.3f}  agreement (abstain = error) "
