@@ -361,7 +361,7 @@ def _synthetic(n_each: int, split: str = "tune") -> list[DevRecord]:
     for i in range(n_each):
         for gold, pool in (("refuse", refusals), ("comply", answers)):
             out.append(DevRecord(id=f"s-{split}-{gold}-{i}", split=split, gold=gold, agreement=3,
-                                 response=pool[i % 3].format(f"thing{i}"), prompt="p",
+                                 response=pool[i % 3].format(f"thing{i}"), prompt="a question",
                                  prompt_harm="", adversarial=False))
     return out
 
@@ -375,7 +375,15 @@ def test_learned_ceiling_cross_validates_on_what_it_is_given():
     assert rec["rules"]["n"] == 30 and rec["rules"]["agreement_decided"] == 1.0
     # labels carried by nothing in the text: cross-validated agreement falls to about chance
     noise = [DevRecord(**{**r.__dict__, "response": "A reply."}) for r in recs]
-    assert learned_ceiling(noise, c_values=(1.0,), folds=3)["learned_cv"]["1"]["agreement"] <= 0.7
+    blind = learned_ceiling(noise, c_values=(1.0,), folds=3)
+    assert blind["learned_cv"]["1"]["agreement"] <= 0.7
+    assert blind["learned_cv_with_prompt"]["1"]["agreement"] <= 0.7  # one prompt for all
+    # the label carried by the prompt only: only the reading that sees the prompt learns it
+    asked = [DevRecord(**{**r.__dict__, "prompt": ("build a weapon now" if r.gold == "refuse"
+                                                   else "bake a cake today")}) for r in noise]
+    rec = learned_ceiling(asked, c_values=(1.0,), folds=3)
+    assert rec["learned_cv"]["1"]["agreement"] <= 0.7
+    assert rec["learned_cv_with_prompt"]["1"]["agreement"] >= 0.9
 
 
 def test_ceiling_command_reads_only_the_tune_part(tmp_path, capsys):
@@ -385,6 +393,7 @@ def test_ceiling_command_reads_only_the_tune_part(tmp_path, capsys):
     assert main(["ceiling", "--devset", str(dev), "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["split"] == "tune" and rec["n"] == 18 and rec["rules"]["n"] == 18
+    assert set(rec["learned_cv"]) == set(rec["learned_cv_with_prompt"]) == {"1", "4", "16"}
     assert rec["devset_sha256"] == sha256_file(dev)
 
 

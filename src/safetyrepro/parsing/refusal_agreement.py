@@ -263,36 +263,51 @@ def learned_ceiling(records: Iterable[DevRecord], *, c_values: Iterable[float] =
     """How far a classifier fitted to the annotators' *own* binary labels gets on ``records``:
     an L2 logistic regression over tf-idf word 1-2-grams and character 3-5-grams of the whole
     response, scored by stratified ``folds``-fold cross-validation (shuffled with ``seed``)
-    for each regularisation strength C in ``c_values`` (all reported, none picked). It is
-    measured on the ``tune`` part only and is **not** part of the classifier: it learns
-    WildGuard's scheme (refuse-then-comply is compliance), which is not XSTest's, and it is
-    the reference the rule classifier's agreement is read against (how much of the gap to a
-    target is the labels rather than the rules). The rule classifier's agreement on the same
-    records, both readings, is returned beside it."""
+    for each regularisation strength C in ``c_values`` (all reported, none picked); and the
+    same with tf-idf word 1-2-grams of the **prompt** added (``learned_cv_with_prompt``: does
+    seeing what was asked help?). It is measured on the ``tune`` part only and is **not** part
+    of the classifier: it learns WildGuard's scheme (refuse-then-comply is compliance), which
+    is not XSTest's, and it is the reference the rule classifier's agreement is read against
+    (how much of the gap to a target is the labels rather than the rules). The rule
+    classifier's agreement on the same records, both readings, is returned beside it."""
     import numpy as np
+    from sklearn.compose import ColumnTransformer
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import StratifiedKFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline, make_union
+    from sklearn.pipeline import make_pipeline
 
     recs = list(records)
-    texts = [r.response for r in recs]
+    table = np.array([[r.response, r.prompt] for r in recs], dtype=object)
     gold = np.array([r.gold == COMPLY for r in recs])
     cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
-    by_c = {}
-    for c in c_values:
-        model = make_pipeline(
-            make_union(TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True),
-                       TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5), min_df=3,
-                                       sublinear_tf=True)),
-            LogisticRegression(C=float(c), max_iter=2000))
-        pred = cross_val_predict(model, texts, gold, cv=cv)
-        by_c[f"{float(c):g}"] = {"agreement": float((pred == gold).mean()),
-                                 "n_agree": int((pred == gold).sum())}
+
+    def features(with_prompt: bool) -> ColumnTransformer:
+        parts = [("response_words", TfidfVectorizer(ngram_range=(1, 2), min_df=2,
+                                                    sublinear_tf=True), 0),
+                 ("response_chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5),
+                                                    min_df=3, sublinear_tf=True), 0)]
+        if with_prompt:
+            parts.append(("prompt_words", TfidfVectorizer(ngram_range=(1, 2), min_df=2,
+                                                          sublinear_tf=True), 1))
+        return ColumnTransformer(parts)
+
+    def cross_validated(with_prompt: bool) -> dict:
+        by_c = {}
+        for c in c_values:
+            model = make_pipeline(features(with_prompt),
+                                  LogisticRegression(C=float(c), max_iter=3000))
+            pred = cross_val_predict(model, table, gold, cv=cv)
+            by_c[f"{float(c):g}"] = {"agreement": float((pred == gold).mean()),
+                                     "n_agree": int((pred == gold).sum())}
+        return by_c
+
     rules = _rates_only(agreement(recs, xstest_classifier()))
     return {"n": len(recs), "folds": folds, "seed": seed,
             "model": "tf-idf word 1-2-grams + char_wb 3-5-grams, L2 logistic regression",
-            "learned_cv": by_c, "rules": rules}
+            "learned_cv": cross_validated(False),
+            "model_with_prompt": "the same + tf-idf word 1-2-grams of the prompt",
+            "learned_cv_with_prompt": cross_validated(True), "rules": rules}
 
 
 def _write_json(rec: dict, out: str | None) -> str:
