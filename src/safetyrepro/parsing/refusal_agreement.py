@@ -282,14 +282,15 @@ def learned_ceiling(records: Iterable[DevRecord], *, c_values: Iterable[float] =
     gold = np.array([r.gold == COMPLY for r in recs])
     cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
 
+    def words() -> TfidfVectorizer:  # the same word features for the response and the prompt
+        return TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True)
+
     def features(with_prompt: bool) -> ColumnTransformer:
-        parts = [("response_words", TfidfVectorizer(ngram_range=(1, 2), min_df=2,
-                                                    sublinear_tf=True), 0),
+        parts = [("response_words", words(), 0),
                  ("response_chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(3, 5),
                                                     min_df=3, sublinear_tf=True), 0)]
         if with_prompt:
-            parts.append(("prompt_words", TfidfVectorizer(ngram_range=(1, 2), min_df=2,
-                                                          sublinear_tf=True), 1))
+            parts.append(("prompt_words", words(), 1))
         return ColumnTransformer(parts)
 
     def cross_validated(with_prompt: bool) -> dict:
