@@ -47,7 +47,7 @@ test: $(STAMP)
 # The numerical tests (marked numerics; tests/numerics.py states their rule) again with other CPU
 # kernels, so one machine catches what another CPU family would fail: ATen's generic kernels with
 # MKL's compatible code path and oneDNN at SSE4.1 (a third kernel family on any x86-64 CPU); on a
-# CPU with AVX-512 also AVX2 at most (what AMD EPYC and older Intel CPUs run).
+# CPU with AVX-512 also AVX2 at most (what older Intel and pre-Zen-4 AMD EPYC CPUs run).
 KERNELS_GENERIC := ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE ONEDNN_MAX_CPU_ISA=SSE41
 KERNELS_AVX2    := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2
 HAS_AVX512      := $(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes)
@@ -63,8 +63,8 @@ else
 endif
 
 # CI's share of it: the numerical tests not marked slow (kernels, sampler, bounds, the
-# forward-select test that failed on AMD EPYC; 37 tests, 1.5-2 min per kernel family on 2 busy
-# cores). The slow, whole-model ones add 8-13 min per family there: `make test-kernels`.
+# forward-select test that failed on AMD EPYC; 44 tests, about 15 s per kernel family on 2 quiet
+# cores). The slow, whole-model ones add 5-10 min per family there: `make test-kernels`.
 test-kernels-quick:
 	$(MAKE) test-kernels KERNEL_TESTS="numerics and not slow and not slurm"
 
