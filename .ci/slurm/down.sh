@@ -24,40 +24,10 @@ if [ -n "$(live_pid "$SLURMCTLD_PID" slurmctld)" ]; then
     fi
 fi
 
-# stop NAME PIDFILE: TERM, wait up to 30 s, then KILL, all by pid.
-stop() {
-    local name="$1" pidfile="$2" pid
-    pid="$(live_pid "$pidfile" "$name")"
-    if [ -z "$pid" ]; then
-        rm -f "$pidfile"
-        return 0
-    fi
-    echo "slurm down: stopping $name (pid $pid)"
-    kill -TERM "$pid" 2>/dev/null || true
-    # Wait on the process itself: the daemons delete their pid files before they have exited.
-    for _ in $(seq 1 300); do
-        pid_is "$pid" "$name" || break
-        sleep 0.1
-    done
-    if pid_is "$pid" "$name"; then
-        echo "slurm down: $name (pid $pid) ignored SIGTERM for 30 s; sending SIGKILL" >&2
-        kill -KILL "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do
-            pid_is "$pid" "$name" || break
-            sleep 0.1
-        done
-    fi
-    if pid_is "$pid" "$name"; then
-        echo "slurm down: ERROR: $name (pid $pid) is still running" >&2
-        return 1
-    fi
-    rm -f "$pidfile"
-}
-
 rc=0
-stop slurmd "$SLURMD_PID" || rc=1
-stop slurmctld "$SLURMCTLD_PID" || rc=1
-stop munged "$MUNGED_PID" || rc=1
+stop_daemon slurmd "$SLURMD_PID" || rc=1
+stop_daemon slurmctld "$SLURMCTLD_PID" || rc=1
+stop_daemon munged "$MUNGED_PID" || rc=1
 
 # Remove the configs only if up.sh wrote them.
 for f in "$SLURM_CONF_PATH" "$GRES_CONF_PATH"; do

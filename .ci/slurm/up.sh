@@ -8,7 +8,9 @@
 #
 # Environment:
 #   SAFETYREPRO_SLURM_STATE      state dir: pid files, logs, spool (default /tmp/safetyrepro-slurm)
-#   SAFETYREPRO_SLURM_WAIT       seconds to wait for the node to become idle (default 60)
+#   SAFETYREPRO_SLURM_WAIT       seconds to wait for the node to become idle (default 120)
+#   SAFETYREPRO_SLURM_REGISTER   seconds a started slurmd may take to register before it is
+#                                restarted, at most twice (default 20)
 #   SAFETYREPRO_SLURM_OVERWRITE  set to 1 to replace an /etc/slurm/slurm.conf we did not write
 #
 # Slurm facts this relies on (details: ../shared/cluster/SINGLE_NODE_SLURM.md):
@@ -25,13 +27,19 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
 
-WAIT_S="${SAFETYREPRO_SLURM_WAIT:-60}"
+WAIT_S="${SAFETYREPRO_SLURM_WAIT:-120}"
+# A node that has not registered this long after slurmd started gets its slurmd restarted (a
+# fresh start sends a fresh registration), at most REGISTER_TRIES times.
+REGISTER_S="${SAFETYREPRO_SLURM_REGISTER:-20}"
+REGISTER_TRIES=2
 
 die() {
     echo "slurm up: ERROR: $*" >&2
     dump_logs >&2
     echo "slurm up: stopping whatever did start" >&2
     "$HERE/down.sh" >&2 || true
+    log_summary >&2
+    echo "slurm up: ERROR: $*" >&2
     exit 1
 }
 
@@ -180,27 +188,48 @@ done
 munge -n </dev/null | unmunge >/dev/null || die "munge credentials do not round-trip (munge -n | unmunge)"
 
 # --- 4. Slurm daemons --------------------------------------------------------------------
-echo "slurm up: starting slurmctld and slurmd"
+# slurmctld first, and slurmd only once the controller answers: slurmd registers once at
+# start-up, and the controller pings an unregistered node again only every ~100 s, so a slurmd
+# that starts while the controller is still starting can leave the node 'unk*' for minutes
+# (seen once in CI on 2026-12-03: still 'unk*' after 60 s, 'SlurmdStartTime=None').
+echo "slurm up: starting slurmctld"
 slurmctld || die "slurmctld did not start"
+deadline=$(( $(date +%s) + 30 ))
+until timeout 10 scontrol ping 2>/dev/null | grep -q 'is UP'; do
+    [ -n "$(live_pid "$SLURMCTLD_PID" slurmctld)" ] || die "slurmctld exited during start-up"
+    [ "$(date +%s)" -lt "$deadline" ] || die "slurmctld does not answer 'scontrol ping' after 30 s"
+    sleep 0.5
+done
+echo "slurm up: starting slurmd"
 slurmd || die "slurmd did not start"
 
 # --- 5. wait for the node ----------------------------------------------------------------
 deadline=$(( $(date +%s) + WAIT_S ))
+slurmd_started=$(date +%s)
+tries=0
 state=""
 while :; do
     all_running || die "a daemon exited during start-up"
     state="$(node_state)"
     case "$state" in
         idle) break ;;
-        inval*|drain*|down*|fail*)
-            # A bad node definition shows up quickly; "down" right after start is normal,
-            # so only give up on it once the deadline passes.
-            case "$state" in
-                inval*|drain*) die "node $HOST is '$state': $(scontrol show node "$HOST" | grep -i reason || true)" ;;
-            esac ;;
+        inval*|drain*) die "node $HOST is '$state': $(scontrol show node "$HOST" | grep -i reason || true)" ;;
+        # "down" right after start is normal; it only counts once the deadline passes.
     esac
-    if [ "$(date +%s)" -ge "$deadline" ]; then
-        die "node $HOST not idle after ${WAIT_S}s (state: '${state:-unknown}')"
+    now=$(date +%s)
+    if [ "$now" -ge "$deadline" ]; then
+        die "node $HOST not idle after ${WAIT_S}s (state: '${state:-unknown}'; slurmd restarted $tries time(s))"
+    fi
+    if [ $(( now - slurmd_started )) -ge "$REGISTER_S" ] && [ "$tries" -lt "$REGISTER_TRIES" ]; then
+        case "$state" in
+            unk*|down*|"")
+                tries=$(( tries + 1 ))
+                echo "slurm up: node $HOST still '${state:-unknown}' ${REGISTER_S}s after slurmd started;" \
+                     "restarting slurmd so it registers again (retry $tries of $REGISTER_TRIES)"
+                stop_daemon slurmd "$SLURMD_PID" || die "could not stop slurmd for a restart"
+                slurmd || die "slurmd did not start again"
+                slurmd_started=$(date +%s) ;;
+        esac
     fi
     sleep 1
 done
