@@ -14,7 +14,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import pytest
 import yaml
+
+# Every Slurm test module's pytestmark: marked slurm (deselected by `make test`), and run only
+# where the CI step has started the cluster and set SAFETYREPRO_SLURM=1.
+SLURM_CLUSTER_ONLY = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        os.environ.get("SAFETYREPRO_SLURM") != "1",
+        reason="needs the Slurm cluster of .ci/slurm/up.sh and SAFETYREPRO_SLURM=1 "
+        "(the separate Slurm step of .ci/run)",
+    ),
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROFILES = REPO_ROOT / "profiles"

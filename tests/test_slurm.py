@@ -15,6 +15,7 @@ import pytest
 
 from safetyrepro.worker.state import is_worker_process
 from slurm_helpers import (
+    SLURM_CLUSTER_ONLY,
     profile_settings,
     read_env_file,
     run_workflow,
@@ -24,14 +25,7 @@ from slurm_helpers import (
     write_smoke_workflow,
 )
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(
-        os.environ.get("SAFETYREPRO_SLURM") != "1",
-        reason="needs the Slurm cluster of .ci/slurm/up.sh and SAFETYREPRO_SLURM=1 "
-        "(the separate Slurm step of .ci/run)",
-    ),
-]
+pytestmark = SLURM_CLUSTER_ONLY
 
 
 def _time_limit(minutes: int) -> str:

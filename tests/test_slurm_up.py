@@ -18,18 +18,12 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.skipif(
-        os.environ.get("SAFETYREPRO_SLURM") != "1",
-        reason="needs the Slurm cluster of .ci/slurm/up.sh and SAFETYREPRO_SLURM=1 "
-        "(the separate Slurm step of .ci/run)",
-    ),
-]
+from slurm_helpers import REPO_ROOT, SLURM_CLUSTER_ONLY
 
-ROOT = Path(__file__).resolve().parents[1]
-UP = ROOT / ".ci" / "slurm" / "up.sh"
-DOWN = ROOT / ".ci" / "slurm" / "down.sh"
+pytestmark = SLURM_CLUSTER_ONLY
+
+UP = REPO_ROOT / ".ci" / "slurm" / "up.sh"
+DOWN = REPO_ROOT / ".ci" / "slurm" / "down.sh"
 REAL_SLURMD = shutil.which("slurmd")
 
 
@@ -67,6 +61,21 @@ def _up(env_extra: dict, timeout: int = 200) -> subprocess.CompletedProcess:
     )
 
 
+def _up_with_stand_in(
+    state: Path, bin_dir: Path, silent_starts: int, register_s: int, wait_s: int
+) -> subprocess.CompletedProcess:
+    """up.sh with its own state dir, the stand-in slurmd first on PATH, and short limits."""
+    _fake_slurmd(bin_dir, state, silent_starts)
+    return _up(
+        {
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "SAFETYREPRO_SLURM_STATE": str(state),
+            "SAFETYREPRO_SLURM_REGISTER": str(register_s),
+            "SAFETYREPRO_SLURM_WAIT": str(wait_s),
+        }
+    )
+
+
 @pytest.fixture
 def own_cluster(tmp_path):
     """Stop the shared cluster; afterwards stop ours and bring the shared one back up."""
@@ -88,15 +97,7 @@ def own_cluster(tmp_path):
 
 def test_up_restarts_a_slurmd_that_never_registers(own_cluster):
     state, bin_dir = own_cluster
-    _fake_slurmd(bin_dir, state, silent_starts=1)
-    run = _up(
-        {
-            "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "SAFETYREPRO_SLURM_STATE": str(state),
-            "SAFETYREPRO_SLURM_REGISTER": "5",
-            "SAFETYREPRO_SLURM_WAIT": "60",
-        }
-    )
+    run = _up_with_stand_in(state, bin_dir, silent_starts=1, register_s=5, wait_s=60)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     # the controller was up before slurmd started
@@ -115,15 +116,7 @@ def test_up_restarts_a_slurmd_that_never_registers(own_cluster):
 
 def test_up_gives_up_with_the_reason_last(own_cluster):
     state, bin_dir = own_cluster
-    _fake_slurmd(bin_dir, state, silent_starts=99)
-    run = _up(
-        {
-            "PATH": f"{bin_dir}:{os.environ['PATH']}",
-            "SAFETYREPRO_SLURM_STATE": str(state),
-            "SAFETYREPRO_SLURM_REGISTER": "4",
-            "SAFETYREPRO_SLURM_WAIT": "15",
-        }
-    )
+    run = _up_with_stand_in(state, bin_dir, silent_starts=99, register_s=4, wait_s=15)
     assert run.returncode == 1, run.stdout + run.stderr
     err = run.stderr.strip().splitlines()
     # both retries were spent, then it gave up

@@ -6,6 +6,7 @@ GRES_CONF_PATH=/etc/slurm/gres.conf
 MUNGED_PID="$STATE/munge/munged.pid"
 SLURMCTLD_PID="$STATE/slurmctld.pid"
 SLURMD_PID="$STATE/slurmd.pid"
+DAEMON_LOGS=("$STATE/munge/munged.log" "$STATE/slurmctld.log" "$STATE/slurmd.log")
 
 # True if process $1 exists, is the program $2 (guards against a reused pid) and is not a zombie.
 pid_is() {
@@ -51,24 +52,26 @@ stop_daemon() {
     fi
     echo "slurm: stopping $name (pid $pid)"
     kill -TERM "$pid" 2>/dev/null || true
-    # Wait on the process itself: the daemons delete their pid files before they have exited.
-    for _ in $(seq 1 300); do
-        pid_is "$pid" "$name" || break
-        sleep 0.1
-    done
-    if pid_is "$pid" "$name"; then
+    if ! exited "$pid" "$name" 300; then
         echo "slurm: $name (pid $pid) ignored SIGTERM for 30 s; sending SIGKILL" >&2
         kill -KILL "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do
-            pid_is "$pid" "$name" || break
-            sleep 0.1
-        done
-    fi
-    if pid_is "$pid" "$name"; then
-        echo "slurm: ERROR: $name (pid $pid) is still running" >&2
-        return 1
+        exited "$pid" "$name" 50 || {
+            echo "slurm: ERROR: $name (pid $pid) is still running" >&2
+            return 1
+        }
     fi
     rm -f "$pidfile"
+}
+
+# exited PID NAME TENTHS: wait up to TENTHS tenths of a second for the process to be gone. It
+# waits on the process itself: the daemons delete their pid files before they have exited.
+exited() {
+    local pid="$1" name="$2" tenths="$3"
+    for _ in $(seq 1 "$tenths"); do
+        pid_is "$pid" "$name" || return 0
+        sleep 0.1
+    done
+    ! pid_is "$pid" "$name"
 }
 
 # Lines every start logs and that say nothing about a failure: Debian's Slurm is built with PMIx
@@ -80,7 +83,7 @@ dump_logs() {
     echo "===== scontrol show node"
     timeout 10 scontrol show node 2>&1 || true
     echo "----- daemon logs (last 40 lines each, without the harmless PMIx and state-file lines) -----"
-    for f in "$STATE/munge/munged.log" "$STATE/slurmctld.log" "$STATE/slurmd.log"; do
+    for f in "${DAEMON_LOGS[@]}"; do
         echo "===== $f"
         if [ -r "$f" ]; then { grep -avE "$HARMLESS_LOG_LINES" "$f" || true; } | tail -n 40; else echo "(missing)"; fi
     done
@@ -91,7 +94,7 @@ dump_logs() {
 log_summary() {
     local f lines
     echo "----- why (last error/registration lines of each daemon log) -----"
-    for f in "$STATE/munge/munged.log" "$STATE/slurmctld.log" "$STATE/slurmd.log"; do
+    for f in "${DAEMON_LOGS[@]}"; do
         if [ -r "$f" ]; then
             lines="$(grep -aiE 'error|fatal|regist|unable|refused|timed out' "$f" \
                 | grep -avE "$HARMLESS_LOG_LINES" | tail -n 4 || true)"
