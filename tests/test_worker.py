@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -191,6 +192,55 @@ def test_idle_timeout_exits_and_cleans_up(sd):
     assert not lock_is_held(paths.key_lock) and not lock_is_held(paths.device_lock(0))
     (ex,) = events(sd, "exit")
     assert ex["pid"] == pid and ex["reason"].startswith("idle") and ex["n_calls"] == 1
+
+
+# A process whose main thread has exited while another thread runs: the leader is a zombie,
+# the process (its descriptors and flocks) lives until the other thread ends.
+_LINGERING = """
+import ctypes, fcntl, os, sys, threading, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+def linger():
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.02)
+    os._exit(0)
+threading.Thread(target=linger).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def _task_state(pid):
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
+    """What made test_idle_timeout_exits_and_cleans_up flaky: in a multi-threaded exit the
+    leader is a zombie before the last thread closes the descriptors, so a zombie leader read
+    as "exited" while the device lock was still held."""
+    from safetyrepro.io import sweep_stale_tmp
+
+    lock, go = tmp_path / "device.lock", tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-c", _LINGERING, str(lock), str(go)])
+    try:
+        assert wait_until(lambda: lock_is_held(lock) and _task_state(proc.pid) == "Z", 10)
+        assert len(os.listdir(f"/proc/{proc.pid}/task")) == 2
+        assert pid_alive(proc.pid) and lock_is_held(lock)
+        # a temp file of that process is a live writer's, not a left-over
+        target = tmp_path / "out.parquet"
+        host = socket.gethostname().split(".")[0]
+        tmp = tmp_path / f".out.parquet.{host}.{proc.pid}.x.tmp"
+        tmp.write_bytes(b"partial")
+        assert sweep_stale_tmp(target) == [] and tmp.exists()
+        go.touch()
+        # unreaped (the test has not waited for it): a zombie with no thread left is dead
+        assert wait_until(lambda: os.listdir(f"/proc/{proc.pid}/task") == [str(proc.pid)], 10)
+        assert _task_state(proc.pid) == "Z"
+        assert not pid_alive(proc.pid) and not lock_is_held(lock)
+        assert sweep_stale_tmp(target) == [tmp] and not tmp.exists()
+    finally:
+        go.touch()
+        proc.wait(10)
+    assert not pid_alive(proc.pid)
 
 
 def test_stop_and_sigterm_drain_queued_calls(sd):

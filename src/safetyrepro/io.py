@@ -57,20 +57,13 @@ def _temp_for(path: Path) -> tuple[int, str]:
     return fd, tmp
 
 
-def _is_zombie(pid: int) -> bool:
-    """Whether ``pid`` has exited but not been reaped yet (Linux /proc; False elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def sweep_stale_tmp(path: str | Path) -> list[Path]:
     """Remove temp files of ``path`` left by a writer that died mid-write (killed worker,
     crashed node): those of a dead process on this node, and those of another node older than
     :data:`STALE_TMP_S`. Returns what was removed."""
     import time
+
+    from .procs import pid_alive
 
     path = Path(path)
     host, removed = _host(), []
@@ -81,14 +74,8 @@ def sweep_stale_tmp(path: str | Path) -> list[Path]:
                 pid = int(parts[1])
                 if pid == os.getpid():
                     continue
-                try:
-                    os.kill(pid, 0)
-                    if not _is_zombie(pid):
-                        continue           # its writer is alive (a zombie is done writing)
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    continue
+                if pid_alive(pid):
+                    continue               # its writer has not finished exiting
             elif time.time() - tmp.stat().st_mtime < STALE_TMP_S:
                 continue
             tmp.unlink()

@@ -38,6 +38,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client s
 if TYPE_CHECKING:
     from typing import Any
 
+from ..procs import pid_alive
 from .errors import WorkerError
 
 WORKERS_SUBDIR = ".workers"
@@ -372,22 +373,6 @@ def read_holder(path: str | os.PathLike) -> dict[str, Any] | None:
 
 
 # ---- pid files and processes --------------------------------------------------------------
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
 
 
 def is_worker_process(pid: int, key: str | None = None) -> bool:
