@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -217,7 +216,7 @@ def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
     """What made test_idle_timeout_exits_and_cleans_up flaky: in a multi-threaded exit the
     leader is a zombie before the last thread closes the descriptors, so a zombie leader read
     as "exited" while the device lock was still held."""
-    from safetyrepro.io import sweep_stale_tmp
+    from safetyrepro.io import _host, sweep_stale_tmp
 
     lock, go = tmp_path / "device.lock", tmp_path / "go"
     proc = subprocess.Popen([sys.executable, "-c", _LINGERING, str(lock), str(go)])
@@ -227,8 +226,7 @@ def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
         assert pid_alive(proc.pid) and lock_is_held(lock)
         # a temp file of that process is a live writer's, not a left-over
         target = tmp_path / "out.parquet"
-        host = socket.gethostname().split(".")[0]
-        tmp = tmp_path / f".out.parquet.{host}.{proc.pid}.x.tmp"
+        tmp = tmp_path / f".out.parquet.{_host()}.{proc.pid}.x.tmp"   # the name _temp_for gives it
         tmp.write_bytes(b"partial")
         assert sweep_stale_tmp(target) == [] and tmp.exists()
         go.touch()

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ShardError
+from .procs import pid_alive
 
 META_KEY = b"safetyrepro"
 
@@ -62,8 +63,6 @@ def sweep_stale_tmp(path: str | Path) -> list[Path]:
     crashed node): those of a dead process on this node, and those of another node older than
     :data:`STALE_TMP_S`. Returns what was removed."""
     import time
-
-    from .procs import pid_alive
 
     path = Path(path)
     host, removed = _host(), []
