@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .errors import DataError
@@ -55,19 +56,108 @@ class CertifyResult:
     nominal: str | None = None
 
 
+# Scores must be finite with |score| <= MAX_ABS_SCORE: rates, percentages and log-likelihood
+# sums fit with room to spare, and the exact integer arithmetic of item fractions (numerators
+# over a common denominator up to 10^6, summed over items) stays within 64 bits.
+MAX_ABS_SCORE = 1e6
+
+
+def _rows(df: pd.DataFrame, mask) -> list[int]:
+    """Row numbers (the header counting as 1) of the first ten rows where ``mask`` holds."""
+    return (df.index[mask] + 2).tolist()[:10]
+
+
+def _check_csv_shape(path: Path) -> None:
+    """Every header column named, once, and every row as many fields as the header (pandas
+    would silently take a trailing comma as an index column, shifting every value)."""
+    import csv
+
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(path, "empty file (no header row)")
+            blank = [i + 1 for i, h in enumerate(header) if not h.strip()]
+            if blank:
+                raise DataError(path, f"header column(s) {blank} have no name (a trailing comma on every line?)",
+                                row=1)
+            twice = sorted({h for h in header if header.count(h) > 1})
+            if twice:
+                raise DataError(path, f"header names column(s) {twice} more than once", row=1)
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise DataError(path, f"{len(row)} fields where the header has {len(header)} "
+                                          f"({', '.join(header)})", row=reader.line_num)
+    except UnicodeDecodeError as exc:
+        raise DataError(path, f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except csv.Error as exc:
+        raise DataError(path, f"not a well-formed CSV file ({exc})") from None
+    except OSError as exc:
+        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
+
+
+def _as_text(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
+    """A key or axis column as text: numbers and booleans as written, bytes decoded as
+    UTF-8; anything else (lists, maps, undecodable bytes) refused naming the row."""
+    out = []
+    for i, v in enumerate(df[col].tolist()):
+        if isinstance(v, (bytes, bytearray)):
+            try:
+                v = bytes(v).decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(path, f"column '{col}' holds bytes that are not UTF-8 text "
+                                      "(row numbers count the header as 1)", row=i + 2) from None
+        elif not isinstance(v, (str, int, float, bool, np.generic)):
+            raise DataError(path, f"column '{col}' holds a {type(v).__name__}, not a name "
+                                  "(row numbers count the header as 1)", row=i + 2)
+        out.append(str(v))
+    return pd.Series(out, index=df.index, dtype=object)
+
+
+def _as_score(v) -> float:
+    """A score cell as a float; NaN for anything that is not one real number."""
+    if isinstance(v, (bytes, bytearray)):
+        v = bytes(v).decode("utf-8", "replace")
+    try:
+        return float(v)
+    except (TypeError, ValueError, OverflowError):
+        return float("nan")
+
+
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found")
+    if not path.is_file():
+        raise DataError(path, "not a file")
+    if config_cols is not None:
+        cols = list(config_cols)
+        if not cols or any(not str(c).strip() for c in cols):
+            raise DataError(path, f"--config-cols: empty column name in {cols}")
+        twice = sorted({c for c in cols if cols.count(c) > 1})
+        if twice:
+            raise DataError(path, f"--config-cols names {twice} more than once")
+        reserved = [c for c in cols if c in REQUIRED + (ITEM,)]
+        if reserved:
+            raise DataError(path, f"--config-cols: {reserved} cannot be axis columns (model, benchmark, item "
+                                  "and score are the table's keys and values)")
+    parquet = path.suffix.lower() in {".parquet", ".pq"}
+    if not parquet:
+        _check_csv_shape(path)
     try:
-        if path.suffix.lower() in {".parquet", ".pq"}:
+        if parquet:
             df = pd.read_parquet(path)
         else:
             # round_trip: the default C parser can be off in the last bit (0.59999999999999998
             # read as 0.5999999999999999), which would break exact k/q recovery
-            df = pd.read_csv(path, encoding="utf-8-sig", float_precision="round_trip")
+            df = pd.read_csv(path, encoding="utf-8-sig", float_precision="round_trip", index_col=False)
     except Exception as exc:
-        raise DataError(path, f"cannot read as {'Parquet' if path.suffix.lower() in {'.parquet', '.pq'} else 'CSV'}: {exc}") from exc
+        raise DataError(path, f"cannot read as {'Parquet' if parquet else 'CSV'}: {exc}") from exc
+    twice = sorted({str(c) for c in df.columns if list(df.columns).count(c) > 1})
+    if twice:
+        raise DataError(path, f"column(s) {twice} appear more than once")
+    df = df.reset_index(drop=True)
     need = list(REQUIRED) + (list(config_cols) if config_cols else ["config"])
     missing = [c for c in need if c not in df.columns]
     if missing:
@@ -75,27 +165,30 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
                         + ("" if config_cols else " (or pass --config-cols with axis column names)"))
     if config_cols:
         df = df.copy()
-        df["config"] = df[list(config_cols)].astype(str).agg("-".join, axis=1)
+        for col in config_cols:
+            if df[col].isna().any():
+                raise DataError(path, f"empty axis column '{col}' in row(s) {_rows(df, df[col].isna())} "
+                                      "(row numbers count the header as 1)")
+            df[col] = _as_text(df, col, path)
+        df["config"] = df[list(config_cols)].agg("-".join, axis=1)
     keys = ["model", "benchmark", "config"] + ([ITEM] if ITEM in df.columns else [])
     axes = [c for c in (config_cols or []) if c not in keys + ["score"]]
     df = df[keys + ["score"] + axes].copy()
-    for col in axes:
-        if df[col].isna().any():
-            rows = (df.index[df[col].isna()] + 2).tolist()[:10]
-            raise DataError(path, f"empty axis column '{col}' in row(s) {rows} (row numbers count the header as 1)")
-        df[col] = df[col].astype(str)
     for col in keys:
         if df[col].isna().any():
-            rows = (df.index[df[col].isna()] + 2).tolist()[:10]
-            raise DataError(path, f"empty '{col}' in row(s) {rows} (row numbers count the header as 1)")
-        df[col] = df[col].astype(str)
-    num = pd.to_numeric(df["score"], errors="coerce")
-    bad = num.isna() | ~num.apply(lambda v: pd.notna(v) and abs(v) != float("inf"))
+            raise DataError(path, f"empty '{col}' in row(s) {_rows(df, df[col].isna())} "
+                                  "(row numbers count the header as 1)")
+        df[col] = _as_text(df, col, path)
+    num = df["score"].map(_as_score).astype(float)
+    bad = ~np.isfinite(num)
     if bad.any():
-        rows = (df.index[bad] + 2).tolist()[:10]
         vals = df.loc[bad, "score"].astype(str).tolist()[:10]
-        raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {rows}: {vals}")
-    df["score"] = num.astype(float)
+        raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {_rows(df, bad)}: {vals}")
+    big = num.abs() > MAX_ABS_SCORE
+    if big.any():
+        raise DataError(path, f"score out of range (|score| <= {MAX_ABS_SCORE:g}) in row(s) {_rows(df, big)}: "
+                              f"{num[big].tolist()[:10]}")
+    df["score"] = num
     dup = df.duplicated(keys, keep=False)
     if dup.any():
         d = df[dup].sort_values(keys)
@@ -115,6 +208,9 @@ def _cells_from_items(df: pd.DataFrame, path) -> tuple[pd.DataFrame, list]:
             g = item_grid_from_scores(sub, str(b), where=str(path))
         except ValueError as exc:
             raise DataError(path, str(exc)) from None
+        if g.n_items < 2:
+            raise DataError(path, f"benchmark {b!r} has {g.n_items} item; item-level input needs at least 2 "
+                                  "per benchmark (without the 'item' column the table is read config-level)")
         grids.append(g)
         cells = g.cell_scores()
         for i, m in enumerate(g.models):
@@ -176,6 +272,8 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
         raise DataError(path, f"--alpha must be in (0, 1) (got {alpha})")
     if samples < 1:
         raise DataError(path, f"--bootstrap-samples must be >= 1 (got {samples})")
+    if not 0 <= seed < 2**63:
+        raise DataError(path, f"--bootstrap-seed must be an integer in [0, 2^63) (got {seed})")
     if nominal is not None and not config_cols:
         raise DataError(path, "--nominal needs axis columns (--config-cols template,decoding,shots,scoring): "
                               "the distance to a reversing config counts axis changes")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from .errors import SafetyReproError
+from .errors import SafetyReproError, WriteError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SafetyRepro: how often does 'model A is safer than model B' flip across harness choices?")
@@ -77,12 +77,18 @@ def certify(
     from .io import atomic_write_text, write_csv
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise WriteError(out, "--out names a folder to write pairs.csv, benchmarks.csv and certify.json "
+                              "into, and a file of that name exists")
     res = run(scores, cols, drop_incomplete, tol, alpha=alpha, samples=bootstrap_samples, seed=bootstrap_seed,
               nominal=nominal)
     text = to_json(res) if as_json else to_text(res)
     typer.echo(text)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError(out, exc.strerror or str(exc)) from exc
         write_csv(res.pairs, out / "pairs.csv")
         write_csv(res.summary, out / "benchmarks.csv")
         atomic_write_text(out / "certify.json", to_json(res))
