@@ -38,3 +38,12 @@ class CellError(SafetyReproError):
 
 class ShardError(SafetyReproError):
     """A result shard is missing, truncated, corrupt or inconsistent with its siblings."""
+
+
+class WriteError(SafetyReproError):
+    """An output file could not be written (disk full, permission denied, a folder in the way):
+    names the file; nothing partial is left under its name."""
+
+    def __init__(self, path, message: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: cannot write: {message}")

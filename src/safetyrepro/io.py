@@ -17,10 +17,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ShardError
+from .errors import ShardError, WriteError
 from .procs import pid_alive
 
 META_KEY = b"safetyrepro"
+DIGEST_KEY = b"safetyrepro_digest"    # sha256 of the data (table_digest), beside the metadata
+CORRUPT_SUFFIX = ".corrupt"
 
 
 STALE_TMP_S = 24 * 3600  # a temp file of another node older than this is left over
@@ -98,20 +100,32 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    fd, tmp = _temp_for(path)
+def _write_atomically(path: Path, write) -> None:
+    """``write(fh)`` into a temp file beside ``path``, fsync, rename into place. Any OSError
+    (ENOSPC, EACCES, EISDIR, ...) is a WriteError naming ``path``; the temp file is removed
+    and an existing file under ``path`` is untouched."""
+    tmp = None
     try:
+        fd, tmp = _temp_for(path)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            write(fh)
             fh.flush()
-            os.fsync(fh.fileno())
+            os.fsync(fh.fileno())      # the data is on disk before the name says "done"
         os.replace(tmp, path)
+        tmp = None
         _fsync_dir(path.parent)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    except OSError as exc:
+        raise WriteError(path, exc.strerror or str(exc)) from exc
+    finally:
+        if tmp is not None and os.path.lexists(tmp):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    _write_atomically(Path(path), lambda fh: fh.write(data))
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -151,27 +165,67 @@ def _to_arrow(table) -> pa.Table:
     return pa.Table.from_pandas(table, preserve_index=False)  # pandas
 
 
+def table_digest(table: pa.Table) -> str:
+    """sha256 of a table's data and its safetyrepro metadata: the columns (schema without
+    metadata, one record batch) as Arrow IPC stream bytes, then the metadata JSON. Computed at
+    write time from the table as Parquet gives it back, so the reader, decoding the same pages,
+    gets the same bytes."""
+    import hashlib
+
+    h = hashlib.sha256((table.schema.metadata or {}).get(META_KEY, b""))
+    t = table.replace_schema_metadata(None).combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, t.schema) as w:
+        for batch in t.to_batches():
+            w.write_batch(batch)
+    h.update(sink.getvalue())
+    return h.hexdigest()
+
+
+def _parquet_bytes(at: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    pq.write_table(at, sink, write_page_checksum=True)
+    return sink.getvalue()
+
+
 def write_parquet(table, path: str | Path, metadata: dict[str, Any]) -> Path:
-    """Write ``table`` (pyarrow / polars / pandas) to ``path`` atomically with ``metadata``."""
+    """Write ``table`` (pyarrow / polars / pandas) to ``path`` atomically with ``metadata``,
+    page checksums and the content digest (see the module doc)."""
     path = Path(path)
     at = _to_arrow(table)
     existing = dict(at.schema.metadata or {})
     existing.pop(b"pandas", None)
+    existing.pop(DIGEST_KEY, None)
     existing[META_KEY] = json.dumps(metadata, sort_keys=True, default=str).encode()
     at = at.replace_schema_metadata(existing)
-    fd, tmp = _temp_for(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(at, fh)
-            fh.flush()
-            os.fsync(fh.fileno())      # the data is on disk before the name says "done"
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    # the digest of what a reader will decode: this table through a Parquet round trip
+    back = pq.read_table(pa.BufferReader(_parquet_bytes(at)))
+    at = at.replace_schema_metadata({**existing, DIGEST_KEY: table_digest(back).encode()})
+    data = _parquet_bytes(at)
+    _write_atomically(path, lambda fh: fh.write(memoryview(data)))
     return path
+
+
+def quarantine(path: Path, why: str) -> ShardError:
+    """Move a corrupt file out of its name (to ``<name>.corrupt``) so a rerun recomputes it;
+    the error to raise says what happened (and where the file went)."""
+    dest = path.with_name(path.name + CORRUPT_SUFFIX)
+    try:
+        os.replace(path, dest)
+        moved = f"; moved to {dest.name} so that the next run recomputes it"
+    except OSError as exc:
+        moved = f"; could not move it aside ({exc.strerror}): delete it and rerun"
+    return ShardError(f"{path}: {why}{moved}")
+
+
+def _parse_meta(path: Path, raw: bytes) -> dict[str, Any]:
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise quarantine(path, f"its safetyrepro metadata is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise quarantine(path, f"its safetyrepro metadata is a {type(meta).__name__}, not a JSON object")
+    return meta
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -181,18 +235,28 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
         raise ShardError(f"{path}: file not found")
     try:
         md = pq.read_schema(path).metadata or {}
+    except OSError as exc:
+        if not path.is_file():
+            raise ShardError(f"{path}: not a file") from exc
+        raise quarantine(path, f"not a readable Parquet file ({exc})") from exc
     except Exception as exc:  # pyarrow raises several types for truncated files
-        raise ShardError(f"{path}: not a readable Parquet file ({exc})") from exc
+        raise quarantine(path, f"not a readable Parquet file ({exc})") from exc
     if META_KEY not in md:
         raise ShardError(f"{path}: no safetyrepro metadata (not written by this pipeline?)")
-    return json.loads(md[META_KEY])
+    return _parse_meta(path, md[META_KEY])
 
 
 def read_parquet(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
-    """Read a table and its metadata, turning any corruption into a ShardError naming it."""
+    """Read a table and its metadata, verifying page checksums and the content digest; any
+    corruption is a ShardError naming the file, which is moved aside (:func:`quarantine`)."""
+    path = Path(path)
     meta = read_metadata(path)
     try:
-        table = pq.read_table(path)
+        table = pq.read_table(path, page_checksum_verification=True)
     except Exception as exc:
-        raise ShardError(f"{path}: corrupt Parquet data ({exc})") from exc
+        raise quarantine(path, f"corrupt Parquet data ({exc})") from exc
+    md = table.schema.metadata or {}
+    want = md.get(DIGEST_KEY)
+    if want is not None and table_digest(table).encode() != want:
+        raise quarantine(path, "corrupt data: the content digest does not match the one written")
     return table, meta

@@ -9,11 +9,11 @@ import typer
 
 
 def _write(res, out: Path) -> None:
-    from ..io import atomic_write_text
+    from ..io import atomic_write_text, write_parquet
 
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix.lower() in {".parquet", ".pq"}:
-        res.table.to_parquet(out, index=False)
+        write_parquet(res.table, out, {"kind": "import"})   # atomic: a failed write keeps the old file
     else:
         atomic_write_text(out, res.table.to_csv(index=False))
     n = res.table.groupby(["benchmark", "model", "config"]).ngroups

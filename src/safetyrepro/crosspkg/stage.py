@@ -345,7 +345,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
 
     from ..grid import config_of
     from ..items import read_items
-    from ..io import write_parquet
+    from ..io import write_csv, write_parquet
     from ..models.load import load_model, resolve_device
     from ..models.prepare import prepare_model
     from ..provenance import code_version_string as code_version
@@ -406,7 +406,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     files = cross_package_files(out)
     write_parquet(df, files["table"], meta)
-    df.to_csv(files["csv"], index=False)
+    write_csv(df, files["csv"])
     write_parquet(item_table(rows), files["per_item"], meta | {"table": "cross_package_items"})
     if figure is not None:
         plot_cross_package(df, figure)
