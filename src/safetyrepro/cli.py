@@ -82,7 +82,7 @@ def certify(
                               "into, and a file of that name exists")
     res = run(scores, cols, drop_incomplete, tol, alpha=alpha, samples=bootstrap_samples, seed=bootstrap_seed,
               nominal=nominal)
-    text = to_json(res) if as_json else to_text(res)
+    text = to_json(res) if as_json else to_text(_terminal_safe_result(res))   # JSON escapes by itself
     typer.echo(text)
     if out is not None:
         try:
@@ -96,6 +96,21 @@ def certify(
             write_csv(table, out / f"{name}.csv")
         if res.reversal is not None:
             write_csv(res.reversal, out / "nearest_reversal.csv")
+
+
+def _terminal_safe_result(res):
+    """certify's result with every name from the input file terminal-safe (for the text view)."""
+    import dataclasses
+
+    from .textsafe import frame_terminal_safe, terminal_safe
+
+    return dataclasses.replace(
+        res, pairs=frame_terminal_safe(res.pairs), summary=frame_terminal_safe(res.summary),
+        reversal=None if res.reversal is None else frame_terminal_safe(res.reversal),
+        significance=None if res.significance is None else {k: frame_terminal_safe(v)
+                                                             for k, v in res.significance.items()},
+        dropped_configs={terminal_safe(b): [terminal_safe(c) for c in v] for b, v in res.dropped_configs.items()},
+        nominal=None if res.nominal is None else terminal_safe(res.nominal))
 
 
 @app.command("run-cell")

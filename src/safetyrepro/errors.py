@@ -5,7 +5,13 @@ from __future__ import annotations
 
 
 class SafetyReproError(Exception):
-    """Base class for errors caused by bad input or a failed run (not programming bugs)."""
+    """Base class for errors caused by bad input or a failed run (not programming bugs). Its
+    message is terminal-safe: names quoted from input files cannot carry escape sequences."""
+
+    def __init__(self, *args):
+        from .textsafe import terminal_safe
+
+        super().__init__(*(terminal_safe(a, keep_newlines=True) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(SafetyReproError):

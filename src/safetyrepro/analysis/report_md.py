@@ -18,6 +18,7 @@ from ..provenance import code_version_string
 from ..metrics import reversal_line
 from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, stale_note, version_text
+from ..textsafe import markdown_safe
 from .outputs import REPORT_TABLES
 
 
@@ -39,7 +40,7 @@ def _fmt(v, digits: int = 3) -> str:
             return "–"
     except (TypeError, ValueError):
         pass
-    return str(v).replace("|", "\\|").replace("\n", " ")
+    return markdown_safe(str(v).replace("\n", " "))   # names from input files stay text
 
 
 def md_table(df: pd.DataFrame, columns: dict[str, str] | None = None, digits: int = 3) -> str:

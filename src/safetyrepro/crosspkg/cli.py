@@ -16,14 +16,16 @@ def _write(res, out: Path) -> None:
         write_parquet(res.table, out, {"kind": "import"})   # atomic: a failed write keeps the old file
     else:
         atomic_write_text(out, res.table.to_csv(index=False))
+    from ..textsafe import terminal_safe as safe   # names and settings come from the imported files
+
     n = res.table.groupby(["benchmark", "model", "config"]).ngroups
-    typer.echo(f"wrote {out}: {len(res.table)} item scores, {n} (benchmark, model, config) cells, "
-               f"{res.table['item'].nunique()} items")
-    typer.echo("axis columns (settings that differ): " + (", ".join(res.axes) or "none"))
+    typer.echo(safe(f"wrote {out}: {len(res.table)} item scores, {n} (benchmark, model, config) cells, "
+                    f"{res.table['item'].nunique()} items"))
+    typer.echo(safe("axis columns (settings that differ): " + (", ".join(res.axes) or "none")))
     for k, v in res.constant.items():
-        typer.echo(f"  same in every run: {k} = {v}")
+        typer.echo(safe(f"  same in every run: {k} = {v}"))
     if res.axes:
-        typer.echo(f"next: safetyrepro certify {out} --config-cols {','.join(res.axes)}")
+        typer.echo(safe(f"next: safetyrepro certify {out} --config-cols {','.join(res.axes)}"))
 
 
 def register(app: typer.Typer) -> None:
