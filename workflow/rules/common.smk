@@ -189,12 +189,17 @@ onstart:
     from safetyrepro.run_summary import start_run
     from safetyrepro.scheduling import drop_local_rate_limiter
 
+    from safetyrepro.runlock import hold_results_lock
+
     # a config that needs a GPU (runtime.device: cuda) fails here, before any job starts
-    # (a dry run, -n, skips onstart and so plans without a GPU)
+    # (a dry run, -n, skips onstart and so plans without a GPU); so does a results folder
+    # another live run is using (safetyrepro.runlock; held until this process exits)
     try:
+        hold_results_lock(PLAN.results, RUN_ID, CONFIG_PATH)
         require_device(RUN)
     except SafetyReproError as exc:
-        sys.exit(f"error: {exc}")
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     drop_local_rate_limiter(workflow)
     start_run(RESULTS, RUN_ID)
 
