@@ -26,7 +26,7 @@ from .protocol import (PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode
                        peer_credentials, recv_message, send_frame)
 from .state import (FileLock, WorkerPaths, allocation_owner, device_locks, is_worker_process, list_pid_files,
                     lock_is_held, log_tail, open_private, pid_alive, read_holder, read_pid_file,
-                    remove_if_owned, spec_hash)
+                    remove_if_owned, run_token, spec_hash)
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 DEFAULT_START_TIMEOUT = 60.0
@@ -508,9 +508,7 @@ def own_allocation_workers(state_root: str | os.PathLike) -> bool:
 # (it serves that run and exits after its idle timeout); the others are stopped.
 
 def run_lease_path(state_dir: str | os.PathLike, run_id: str) -> Path:
-    from .state import check_key
-
-    return Path(state_dir) / "runs" / f"{check_key(run_id)}.lock"
+    return Path(state_dir) / "runs" / f"{run_token(run_id)}.lock"
 
 
 def hold_run_lease(state_dir: str | os.PathLike, run_id: str) -> FileLock:
@@ -533,7 +531,7 @@ def stop_run_workers(state_dir: str | os.PathLike, run_id: str,
         if not row.get("alive") or "runs" not in row:
             to_stop.append(row)
             continue
-        others = [r for r in row["runs"] if r != run_id
+        others = [r for r in row["runs"] if r != run_token(run_id)
                   and lock_is_held(run_lease_path(state_dir, r))]
         if others:
             rows.append({"key": row.get("key"), "pid": row.get("pid"),

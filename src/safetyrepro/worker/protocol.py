@@ -22,12 +22,16 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client start-up)
 if TYPE_CHECKING:
     from typing import Any
 
 PROTOCOL_VERSION = 1
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+# Messages are small (a cell request names files; a reply is a summary): 16 MiB bounds what a
+# peer can make the other side buffer; a worker takes requests of at most MAX_REQUEST_BYTES.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_REQUEST_BYTES = 1024 * 1024
 _HEADER = struct.Struct(">I")
 
 
@@ -45,6 +49,18 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int] | None:
 
 class ProtocolError(Exception):
     """A malformed frame or message (not a SafetyReproError: a bug or a foreign peer)."""
+
+
+class MessageTooLarge(ProtocolError):
+    """A frame announced more bytes than the receiver takes (its body is not read)."""
+
+    def __init__(self, length: int, limit: int):
+        super().__init__(f"announced message length {length} exceeds the {limit}-byte limit")
+        self.length, self.limit = length, limit
+
+
+class MessageTimeout(ProtocolError):
+    """A whole message did not arrive within its deadline (a peer trickling bytes)."""
 
 
 class ConnectionClosed(ProtocolError):
@@ -72,12 +88,21 @@ def send_frame(sock: socket.socket, frame: bytes) -> None:
     sock.sendall(frame)
 
 
-def _recv_exactly(sock: socket.socket, n: int, what: str) -> bytes:
+def _recv_exactly(sock: socket.socket, n: int, what: str, deadline: float | None = None) -> bytes:
     chunks = []
     got = 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise MessageTimeout(f"{what} not complete in time ({got}/{n} bytes)")
+            sock.settimeout(left)
         try:
             chunk = sock.recv(min(n - got, 1 << 20))
+        except socket.timeout as exc:
+            if deadline is not None:
+                raise MessageTimeout(f"{what} not complete in time ({got}/{n} bytes)") from exc
+            raise
         except (ConnectionResetError, BrokenPipeError) as exc:
             raise ConnectionClosed(f"connection reset while reading {what}: {exc}", clean=False) from exc
         if not chunk:
@@ -88,15 +113,17 @@ def _recv_exactly(sock: socket.socket, n: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
-def recv_message(sock: socket.socket) -> dict[str, Any]:
-    """Read one framed JSON object; ConnectionClosed if the peer went away."""
-    (length,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, "header"))
-    if length > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"announced message length {length} exceeds {MAX_MESSAGE_BYTES}")
-    body = _recv_exactly(sock, length, "body")
+def recv_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES,
+                 deadline: float | None = None) -> dict[str, Any]:
+    """Read one framed JSON object; ConnectionClosed if the peer went away, MessageTooLarge
+    past ``max_bytes``, MessageTimeout if it is not complete by ``deadline`` (monotonic)."""
+    (length,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, "header", deadline))
+    if length > max_bytes:
+        raise MessageTooLarge(length, max_bytes)
+    body = _recv_exactly(sock, length, "body", deadline)
     try:
         obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ProtocolError(f"message is not UTF-8 JSON: {exc}") from exc
     if not isinstance(obj, dict):
         raise ProtocolError(f"message is a {type(obj).__name__}, expected a JSON object")

@@ -39,10 +39,10 @@ from typing import Any, Callable
 from ..errors import SafetyReproError
 from .events import append_event
 from .errors import WorkerError
-from .protocol import (PROTOCOL_VERSION, ProtocolError, encode_message, peer_credentials,
-                       recv_message, send_frame, send_message)
+from .protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, MessageTooLarge, ProtocolError, encode_message,
+                       peer_credentials, recv_message, send_frame, send_message)
 from .state import (FileLock, WorkerPaths, allocation_id, hostname, open_private, owner_alive,
-                    read_holder, remove_if_owned, spec_hash, write_json_atomic)
+                    read_holder, remove_if_owned, run_token, spec_hash, write_json_atomic)
 
 log = logging.getLogger("safetyrepro.worker")
 
@@ -50,6 +50,27 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_ALREADY_RUNNING = 3
 REQUEST_READ_TIMEOUT = 60.0
+# Limits on what a client can hold: its hello-to-request exchange must be complete within
+# REQUEST_DEADLINE_S (a per-recv timeout alone let a byte every few seconds keep a connection,
+# and so a draining worker, alive for ever); at most MAX_CONNECTIONS are read at once (more
+# are closed at accept); a request is at most MAX_REQUEST_BYTES (protocol); a reply must be
+# taken within REPLY_SEND_TIMEOUT_S; a draining worker waits at most DRAIN_DEADLINE_S for
+# connections still being read.
+# (SAFETYREPRO_WORKER_<NAME> in the worker's environment overrides one, e.g. for tests.)
+
+
+def _limit(name: str, default: float) -> float:
+    try:
+        v = float(os.environ.get(f"SAFETYREPRO_WORKER_{name}", default))
+    except ValueError:
+        return default
+    return v if 0 < v < 1e9 else default
+
+
+REQUEST_DEADLINE_S = _limit("REQUEST_DEADLINE_S", 60.0)
+MAX_CONNECTIONS = int(_limit("MAX_CONNECTIONS", 64))
+REPLY_SEND_TIMEOUT_S = _limit("REPLY_SEND_TIMEOUT_S", 60.0)
+DRAIN_DEADLINE_S = REQUEST_DEADLINE_S + 5.0
 DEVICE_POLL_S = 0.1
 DEVICE_LOG_EVERY_S = 30.0
 OWNER_POLL_S = 0.5
@@ -210,6 +231,7 @@ class Worker:
         self._queue: collections.deque[_Job] = collections.deque()
         self._draining = False
         self._drain_reason: str | None = None
+        self._drain_started: float | None = None   # monotonic
         self._phase = "starting"
         self._load_error: dict[str, Any] | None = None
         self._load_seconds: float | None = None
@@ -261,6 +283,7 @@ class Worker:
             return
         self._draining = True
         self._drain_reason = reason
+        self._drain_started = time.monotonic()
         log.info("shutting down (%s); %d call(s) queued", reason, len(self._queue))
         # Stop being findable, and let a successor for this key start (it will wait for
         # the device). We still hold the key lock, so the socket path is ours to remove.
@@ -314,7 +337,13 @@ class Worker:
                 time.sleep(0.1)
                 continue
             with self._cond:
-                self._in_flight += 1
+                full = self._in_flight >= MAX_CONNECTIONS
+                if not full:
+                    self._in_flight += 1
+            if full:
+                log.warning("refused a connection: %d already being read", MAX_CONNECTIONS)
+                conn.close()
+                continue
             threading.Thread(target=self._handle, args=(conn,), name="conn", daemon=True).start()
         self._listener.close()
 
@@ -329,9 +358,19 @@ class Worker:
                             "uid %d only)", creds[0], creds[1], os.getuid())
                 self._event("refused", peer_pid=creds[0], peer_uid=creds[1])
                 return
+            deadline = time.monotonic() + REQUEST_DEADLINE_S
             conn.settimeout(REQUEST_READ_TIMEOUT)
             send_message(conn, self._hello())
-            req = recv_message(conn)
+            try:
+                req = recv_message(conn, MAX_REQUEST_BYTES, deadline)
+            except MessageTooLarge as exc:
+                log.warning("refused a request: %s", exc)
+                send_message(conn, {"ok": False, "phase": "call", "error_type": "MessageTooLarge",
+                                    "safetyrepro_error": False, "fatal": False, "retry": False,
+                                    "message": str(exc), "traceback": ""})
+                return
+            if not isinstance(req.get("op"), str):
+                req = {"op": repr(req.get("op"))[:100]}
             op = req.get("op")
             if op == "status":
                 send_message(conn, {"ok": True, "result": self.status()})
@@ -362,7 +401,7 @@ class Worker:
                         reply = _retry_reply(self._drain_reason or "draining")
                     else:
                         if isinstance(req.get("run"), str):
-                            self._runs[req["run"][:200]] = time.time()
+                            self._runs[run_token(req["run"])] = time.time()
                         conn.settimeout(None)
                         self._queue.append(_Job(conn, req))
                         handed_off = True
@@ -549,6 +588,7 @@ class Worker:
 
     def _send_and_close(self, job: _Job, frame: bytes) -> None:
         try:
+            job.conn.settimeout(REPLY_SEND_TIMEOUT_S)   # a client that never reads cannot hold us
             send_frame(job.conn, frame)
         except OSError as exc:
             log.warning("could not answer %s (client gone?): %s", job.label or job.target, exc)
@@ -607,6 +647,10 @@ class Worker:
                 while not self._queue:
                     if self._draining:
                         if self._in_flight == 0:
+                            return None
+                        if time.monotonic() - self._drain_started > DRAIN_DEADLINE_S:
+                            log.warning("drained with %d connection(s) still being read after %.0f s",
+                                        self._in_flight, DRAIN_DEADLINE_S)
                             return None
                         self._cond.wait(0.2)
                         continue

@@ -47,7 +47,7 @@ STATE_DIR_ENV = "SAFETYREPRO_WORKER_DIR"
 EVENTS_FILE = "events.jsonl"
 # sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
 MAX_SOCKET_PATH = 100
-_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}$")
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}\Z")   # \Z: no trailing newline
 
 
 def hostname() -> str:
@@ -94,6 +94,16 @@ def check_key(key: str) -> str:
         raise ValueError(f"invalid worker key {key!r}: use letters, digits and '._+-' "
                          "(starting with a letter or digit, at most 120 characters)")
     return key
+
+
+def run_token(run_id: str) -> str:
+    """A run id as a file-name-safe key: itself when it is a valid key, else ``run-h`` and a
+    sha256 prefix of it (run ids of any length and characters name distinct lease files)."""
+    if isinstance(run_id, str) and _KEY_RE.match(run_id):
+        return run_id
+    import hashlib
+
+    return "run-h" + hashlib.sha256(str(run_id).encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 def make_key(*parts: str) -> str:
