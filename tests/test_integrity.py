@@ -5,6 +5,7 @@ end in a WriteError naming the file with the earlier file intact (a real tmpfs f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -136,6 +137,7 @@ def test_disk_full_keeps_the_earlier_file_and_no_temp(tiny_disk):
     with pytest.raises(WriteError) as err:
         write_parquet(big, good, {"k": "big"})
     assert str(err.value) == f"{good}: cannot write: No space left on device"
+    assert isinstance(err.value, OSError) and err.value.errno == errno.ENOSPC   # `except OSError` still holds
     assert good.read_bytes() == before and sorted(x.name for x in tiny_disk.iterdir()) == ["t.parquet"]
     with pytest.raises(WriteError, match="No space left on device"):
         atomic_write_text(tiny_disk / "a.txt", "x" * 200_000)

@@ -46,10 +46,12 @@ class ShardError(SafetyReproError):
     """A result shard is missing, truncated, corrupt or inconsistent with its siblings."""
 
 
-class WriteError(SafetyReproError):
+class WriteError(SafetyReproError, OSError):
     """An output file could not be written (disk full, permission denied, a folder in the way):
-    names the file; nothing partial is left under its name."""
+    names the file; nothing partial is left under its name. Also an OSError (with the
+    original errno), so code that tolerates a failed write, such as a cache, still does."""
 
-    def __init__(self, path, message: str):
+    def __init__(self, path, message: str, errno: int | None = None):
         self.path = str(path)
         super().__init__(f"{self.path}: cannot write: {message}")
+        self.errno = errno

@@ -115,7 +115,9 @@ def _write_atomically(path: Path, write) -> None:
         tmp = None
         _fsync_dir(path.parent)
     except OSError as exc:
-        raise WriteError(path, exc.strerror or str(exc)) from exc
+        if isinstance(exc, WriteError):
+            raise
+        raise WriteError(path, exc.strerror or str(exc), exc.errno) from exc
     finally:
         if tmp is not None and os.path.lexists(tmp):
             try:
