@@ -72,7 +72,7 @@ def test_a_corrupt_file_is_moved_aside_and_named(shard, tmp_path):
     p = tmp_path / "s.parquet"
     data = bytearray(shard.read_bytes())
     col = pq.ParquetFile(shard).metadata.row_group(0).column(0)
-    data[col.data_page_offset + col.total_compressed_size - 1] ^= 0x01
+    data[(col.dictionary_page_offset or col.data_page_offset) + col.total_compressed_size - 1] ^= 0x01
     p.write_bytes(bytes(data))
     with pytest.raises(ShardError) as err:
         read_shard(p)
@@ -188,3 +188,23 @@ def test_permission_denied_is_named(tmp_path):
     r = subprocess.run(user + [sys.executable, "-c", code, str(ro / "t.csv")], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=60)
     assert r.stdout.strip() == f"{ro / 't.csv'}: cannot write: Permission denied", r.stderr
+
+
+def test_a_file_it_may_not_read_is_named_and_left_alone(tmp_path):
+    """Permission denied is the system's fault, not the file's: it is not moved aside."""
+    d = tmp_path / "open"
+    d.mkdir()
+    p = d / "t.parquet"
+    write_parquet(pa.table({"x": [1]}), p, {"k": 1})
+    os.chmod(p, 0o600)
+    os.chmod(d, 0o777)
+    os.chmod(tmp_path, 0o755)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as a second uid")
+    code = ("import sys; from safetyrepro.io import read_parquet\n"
+            "try:\n    read_parquet(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code,
+                        str(p)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.stdout.startswith(f"ShardError {p}: cannot read: ") and "Permission denied" in r.stdout, r.stderr
+    assert p.exists() and not p.with_name(p.name + CORRUPT_SUFFIX).exists()

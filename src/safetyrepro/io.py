@@ -220,6 +220,14 @@ def quarantine(path: Path, why: str) -> ShardError:
     return ShardError(f"{path}: {why}{moved}")
 
 
+def _unreadable(path: Path, why: str, exc: Exception) -> ShardError:
+    """A failed read: the system's (permission, I/O error: the file may be fine, it stays)
+    or the file's (corrupt: moved aside)."""
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return ShardError(f"{path}: cannot read: {exc.strerror or exc}")
+    return quarantine(path, why)
+
+
 def _parse_meta(path: Path, raw: bytes) -> dict[str, Any]:
     try:
         meta = json.loads(raw)
@@ -232,17 +240,21 @@ def _parse_meta(path: Path, raw: bytes) -> dict[str, Any]:
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The ``safetyrepro`` metadata of a Parquet file; ShardError if missing or unreadable."""
+    import stat
+
     path = Path(path)
-    if not path.exists():
-        raise ShardError(f"{path}: file not found")
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise ShardError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ShardError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ShardError(f"{path}: not a file")
     try:
         md = pq.read_schema(path).metadata or {}
-    except OSError as exc:
-        if not path.is_file():
-            raise ShardError(f"{path}: not a file") from exc
-        raise quarantine(path, f"not a readable Parquet file ({exc})") from exc
     except Exception as exc:  # pyarrow raises several types for truncated files
-        raise quarantine(path, f"not a readable Parquet file ({exc})") from exc
+        raise _unreadable(path, f"not a readable Parquet file ({exc})", exc) from exc
     if META_KEY not in md:
         raise ShardError(f"{path}: no safetyrepro metadata (not written by this pipeline?)")
     return _parse_meta(path, md[META_KEY])
@@ -256,7 +268,7 @@ def read_parquet(path: str | Path) -> tuple[pa.Table, dict[str, Any]]:
     try:
         table = pq.read_table(path, page_checksum_verification=True)
     except Exception as exc:
-        raise quarantine(path, f"corrupt Parquet data ({exc})") from exc
+        raise _unreadable(path, f"corrupt Parquet data ({exc})", exc) from exc
     md = table.schema.metadata or {}
     want = md.get(DIGEST_KEY)
     if want is not None and table_digest(table).encode() != want:

@@ -85,7 +85,10 @@ def item_answer_space(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
     task = load_task(benchmark)
     kind = task.answer_kind
     cols = ["item_id", "choices"] + (["label"] if kind == "label" else [])
-    t = pq.read_table(path, columns=cols).to_pandas()
+    try:
+        t = pq.read_table(path, columns=cols, page_checksum_verification=True).to_pandas()
+    except Exception as exc:   # pyarrow raises several types for corrupt files
+        raise DataError(path, f"cannot read the item table ({exc})") from exc
     ids = t["item_id"].astype(str)
     if kind == "choice":
         k = [0 if c is None else len(c) for c in t["choices"]]
