@@ -100,6 +100,9 @@ def _check_csv_shape(path: Path) -> None:
 def _as_text(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
     """A key or axis column as text: numbers and booleans as written, bytes decoded as
     UTF-8; anything else (lists, maps, undecodable bytes) refused naming the row."""
+    kind = pd.api.types.infer_dtype(df[col], skipna=False)
+    if kind in ("string", "integer", "floating", "boolean", "mixed-integer-float", "categorical"):
+        return df[col].astype(str)        # the common case, without a Python loop per cell
     out = []
     for i, v in enumerate(df[col].tolist()):
         if isinstance(v, (bytes, bytearray)):
@@ -182,7 +185,7 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
     num = df["score"].map(_as_score).astype(float)
     bad = ~np.isfinite(num)
     if bad.any():
-        vals = df.loc[bad, "score"].astype(str).tolist()[:10]
+        vals = [repr(v) if isinstance(v, (bytes, bytearray)) else str(v) for v in df.loc[bad, "score"].tolist()[:10]]
         raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {_rows(df, bad)}: {vals}")
     big = num.abs() > MAX_ABS_SCORE
     if big.any():
