@@ -4,7 +4,8 @@
 
 rule paper_tables:
     input:
-        f"{TABLES}/cell_scores.parquet",
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
     output:
         **table_outputs("tables"),
     log:
@@ -18,10 +19,15 @@ rule paper_tables:
         samples=ANALYSIS["bootstrap_samples"],
         seed=ANALYSIS["bootstrap_seed"],
         rules=RUN.rules.path,
+        noise_samples=(
+            ""
+            if ANALYSIS["resampling_samples"] is None
+            else f"--noise-samples {int(ANALYSIS['resampling_samples'])}"
+        ),
     shell:
-        '"$PY" -m safetyrepro analyze tables {input:q} --out-dir {params.out_dir:q} --threshold {params.threshold:q}'
+        '"$PY" -m safetyrepro analyze tables {input.cells:q} --out-dir {params.out_dir:q} --threshold {params.threshold:q}'
         " --bootstrap-samples {params.samples:q} --bootstrap-seed {params.seed:q}"
-        " --rules {params.rules:q} > {log:q} 2>&1"
+        " --rules {params.rules:q} --item-results {input.item_results:q} {params.noise_samples} > {log:q} 2>&1"
 
 
 rule significance:
@@ -38,12 +44,18 @@ rule significance:
         code=PLAN.code_fingerprint("safetyrepro.analysis.significance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         alpha=ANALYSIS["alpha"],
-        samples=ANALYSIS["bootstrap_samples"],
+        samples=(
+            ""
+            if ANALYSIS["resampling_samples"] is None
+            else f"--samples {int(ANALYSIS['resampling_samples'])}"
+        ),
         seed=ANALYSIS["bootstrap_seed"],
+        family=ANALYSIS["significance_family"],
+        correction=ANALYSIS["significance_correction"],
     shell:
         '"$PY" -m safetyrepro analyze significance {input.cells:q} {input.item_results:q}'
-        " --out-dir {params.out_dir:q} --alpha {params.alpha:q}"
-        " --bootstrap-samples {params.samples:q} --bootstrap-seed {params.seed:q} > {log:q} 2>&1"
+        " --out-dir {params.out_dir:q} --alpha {params.alpha:q} {params.samples}"
+        " --seed {params.seed:q} --family {params.family:q} --correction {params.correction:q} > {log:q} 2>&1"
 
 
 rule nearest_reversal:
