@@ -86,7 +86,6 @@ rule robustness:
     input:
         cells=f"{TABLES}/cell_scores.parquet",
         item_results=f"{TABLES}/item_results.parquet",
-        subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
         **table_outputs("robustness"),
     log:
@@ -96,10 +95,9 @@ rule robustness:
     params:
         code=PLAN.code_fingerprint("safetyrepro.analysis.robustness"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
-        items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q} --items-dir {params.items_dir:q}'
+        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q}'
         " --out-dir {params.out_dir:q} --nominal-config {params.nominal:q} > {log:q} 2>&1"
 
 

@@ -77,13 +77,12 @@ def register(app: typer.Typer) -> None:
 
     @analyze.command("robustness")
     def robustness(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
-                   items_dir: Path = typer.Option(..., "--items-dir", help="folder of <benchmark>.parquet item tables"),
                    out_dir: Path = typer.Option(..., "--out-dir"),
                    nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config")):
-        """Consistency vs random baseline, SD, drop rate, consistency-performance regression."""
+        """Consistency vs random baseline, SDs (cells, items), drop rate, consistency-performance regression."""
         from .robustness import write_robustness
 
-        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config, items_dir=items_dir))
+        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config))
 
     @analyze.command("bbq-bias")
     def bbq_bias(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
