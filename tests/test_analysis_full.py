@@ -50,7 +50,8 @@ def run(tmp_path_factory):
          "--significance-configs", str(tables / "significance_configs.parquet")],
         ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards),
          "--significance", str(tables / "significance.parquet"),
-         "--nearest-reversal", str(tables / "nearest_reversal.parquet")],
+         "--nearest-reversal", str(tables / "nearest_reversal.parquet"),
+         "--precision", str(tables / "precision.parquet")],
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
         ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
     ]
@@ -196,6 +197,9 @@ def test_figures_report_and_cards(run):
         assert c["significance"]["rho_flip_sig"] == r["rho_flip_sig"]
         assert c["significance"]["n_ahead_sig"] == r["n_plus_sig"] and c["significance"]["pattern"] == r["pattern"]
     assert "rho_flip_sig" in (run["cards"] / "alpha__bbq.md").read_text()
+    prec = pd.read_parquet(run["tables"] / "precision.parquet").set_index("benchmark")
+    assert card["precision_check"]["n_cells"] == 4
+    assert card["precision_check"]["orderings_agree"] == prec.loc["bbq", "orderings_agree"]
 
     assert all(c["nearest_reversal"]["reference_config"] == "T1-greedy-k0-freeform" for c in card["comparisons"])
     assert "## Nearest reversing configuration" in (run["cards"] / "alpha__bbq.md").read_text()

@@ -196,3 +196,30 @@ def test_provenance_forms_and_write_cards(tmp_path):
     assert "# GRID card: B on bbq" in md and "| rules stamp |" in md and "flips" in md
     index = json.loads(paths["index"].read_text())
     assert len(index["cards"]) == 3 and index["rules_stamp"] == hand_meta()["rules_stamp"]
+
+
+def test_cards_carry_the_precision_check(tmp_path):
+    # card_cells() as the main run (K1-K3 of bbq); bf16: A moves by .1 in K1 (order kept),
+    # B and C swap in K2 (order differs), K3 unchanged -> 2 of 3 orderings agree
+    main = write_hand(card_cells(), tmp_path / "cs.parquet")
+    bf = card_cells()
+    bf["quantization"] = "bf16"
+    bf.loc[(bf["model"] == "A") & (bf["config"] == K1), "score"] = 0.8
+    bf.loc[(bf["model"] == "B") & (bf["config"] == K2), "score"] = 0.4
+    prec = write_precision_check(main, write_hand(bf, tmp_path / "bf.parquet"), tmp_path / "tables")
+    prov_file = tmp_path / "prov.json"
+    prov_file.write_text(json.dumps(provenance()))
+    paths = write_cards(main, prov_file, tmp_path / "cards", precision_path=prec["precision"])
+    a = json.loads(paths["A__bbq.json"].read_text())["precision_check"]
+    assert (a["n_cells"], a["orderings_agree"], a["quantization_main"]) == (3, "2 of 3", "nf4")
+    assert a["abs_diff_max"] == pytest.approx(0.1) and a["abs_diff_median"] == pytest.approx(0.0)
+    b = json.loads(paths["B__bbq.json"].read_text())["precision_check"]
+    assert b["abs_diff_mean"] == pytest.approx(0.2 / 3)
+    md = paths["A__bbq.md"].read_text()
+    assert "## BF16 vs NF4 (precision check)" in md
+    assert "median 0.000, mean 0.033, max 0.100; the model ordering on this benchmark agrees on 2 of 3" in md
+    index = json.loads(paths["index"].read_text())
+    assert [s["path"] for s in index["sources"]][1:] == [str(prec["precision"]), str(prec["precision_cells"])]
+    # without the option the cards have no such block
+    plain = write_cards(main, prov_file, tmp_path / "cards2")
+    assert "precision_check" not in json.loads(plain["A__bbq.json"].read_text())

@@ -172,6 +172,11 @@ rule cards:
         significance=f"{TABLES}/significance.parquet",
         nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
         cross_package=CROSS_PACKAGE_TABLES,
+        precision=(
+            [table_outputs("precision")[n] for n in ("precision", "precision_cells")]
+            if PLAN.precision_check
+            else []
+        ),
     output:
         # every card (one per model and benchmark) and the index, as the package names them
         cards=[p for k, p in card_outputs().items() if k != "index"],
@@ -192,7 +197,10 @@ rule cards:
             if input.cross_package
             else ""
         ),
+        precision=lambda w, input: (
+            f"--precision {shlex.quote(input.precision[0])}" if input.precision else ""
+        ),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells:q} --provenance {input.provenance:q}'
         " --significance {input.significance:q} --nearest-reversal {input.nearest_reversal:q}"
-        " {params.cross_package} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.cross_package} {params.precision} --out-dir {params.out_dir:q} > {log:q} 2>&1"
