@@ -90,7 +90,7 @@ class Plan:
 
     # ---- jobs -----------------------------------------------------------------------------
     def envelope(self, variant: str = "main") -> str:
-        return self.cfg.envelope_name if variant == "main" else "conservative_core"
+        return self.cfg.envelope_name if variant == "main" else grid.PRECISION_ENVELOPE
 
     def jobs(self, variant: str = "main") -> list[grid.Job]:
         """Every (model, benchmark, config, seed) job of the variant: the envelope's; for the
