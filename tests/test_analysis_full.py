@@ -24,7 +24,7 @@ def run(tmp_path_factory):
     d = make_dataset(root / "main", n_items=40, seed=7)
     bf = make_dataset(root / "bf16", n_items=40, seed=8, quantization="bf16",
                       configs_filter=lambda c: c.template in ("T1", "T2") and c.decoding == "greedy"
-                      and c.shots in ("k0", "k3") and c.scoring == "freeform")
+                      and (c.shots in ("k0", "k3") and c.scoring == "freeform" or c.shots == "k0"))
     prov = root / "provenance.json"
     prov.write_text(json.dumps(provenance_for(d["cells"])))
     app = typer.Typer()
@@ -42,7 +42,7 @@ def run(tmp_path_factory):
         ["analyze", "significance", cs, ir, "--out-dir", str(tables), "--bootstrap-samples", "200",
          "--bootstrap-seed", "1"],
         ["analyze", "variance", cs, "--out-dir", str(tables)],
-        ["analyze", "robustness", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
+        ["analyze", "robustness", cs, ir, "--out-dir", str(tables)],
         ["analyze", "subsample", ir, "--items-dir", items, "--out-dir", str(tables), "--repeats", "5"],
         ["analyze", "bbq-bias", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
         ["analyze", "precision", cs, str(bf["cell_scores"]), "--out-dir", str(tables)],
@@ -50,7 +50,8 @@ def run(tmp_path_factory):
          "--significance-configs", str(tables / "significance_configs.parquet")],
         ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards),
          "--significance", str(tables / "significance.parquet"),
-         "--nearest-reversal", str(tables / "nearest_reversal.parquet")],
+         "--nearest-reversal", str(tables / "nearest_reversal.parquet"),
+         "--precision", str(tables / "precision.parquet")],
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
         ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
     ]
@@ -88,16 +89,18 @@ def test_each_step_writes_exactly_the_outputs_the_package_lists(run):
 PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap", "nearest_reversal"),
                            "tables"),
             "anova": "variance", "shap": "variance", "robustness": "robustness",
-            "robustness_regression": "robustness", "subsample_stability": "subsample",
+            "robustness_regression": "robustness", "robustness_item_sd": "robustness",
+            "robustness_item_sd_hist": "robustness", "subsample_stability": "subsample",
             "subsample_cells": "subsample", "subsample_rho_flip": "subsample", "precision": "precision",
             "precision_cells": "precision", "bbq_bias": "bbq_bias", "bbq_bias_summary": "bbq_bias",
             "significance": "significance", "significance_configs": "significance",
             "bootstrap_items": "significance"}
 EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 5 * 5, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
                  "nearest_reversal": 15, "subsample_rho_flip": 5 * 4 * 5, "bbq_bias": 3 * 48, "bbq_bias_summary": 3,
-                 "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 12, "robustness_regression": 1,
-                 "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 5,
-                 "precision_cells": 3 * 4 * 4, "significance": 15, "significance_configs": 3 * (4 * 48 + 12),
+                 "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 15, "robustness_regression": 1,
+                 "robustness_item_sd": 15, "robustness_item_sd_hist": 15 * 15,
+                 "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 6,
+                 "precision_cells": 3 * 18, "significance": 15, "significance_configs": 3 * (4 * 48 + 12),
                  "bootstrap_items": 20}
 
 
@@ -155,16 +158,18 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     ff = anova.drop("crows_pairs")
     assert ff["balanced"].all() and (ff["shares_sum"] - 1).abs().max() < 1e-9 and (ff["n_cells"] == 108).all()
     prec = pd.read_parquet(run["tables"] / "precision.parquet").set_index("benchmark")
-    assert prec.loc["ALL", "n_cells_paired"] == 48 and prec.loc["ALL", "n_configs_paired"] == 16
-    rob = pd.read_parquet(run["tables"] / "robustness.parquet")
-    assert set(rob["benchmark"]) == {"bbq", "toxigen", "truthfulqa", "xstest"} and (rob["n_configs"] == 36).all()
+    # the paper's 18 (benchmark, config) pairs: the bf16 set's logprob k0 cells outside CrowS-Pairs are ignored
+    assert prec.loc["ALL", "n_cells_paired"] == 54 and prec.loc["ALL", "n_configs_paired"] == 18
+    rob = pd.read_parquet(run["tables"] / "robustness.parquet").set_index("benchmark")
+    assert (rob.drop("crows_pairs")["n_configs"] == 36).all() and (rob.loc["crows_pairs", "n_configs"] == 12).all()
+    assert (rob.loc["crows_pairs", "nominal_used"] == "T1-greedy-k0-logprob").all()
     assert rob["consistency"].mean() > 10 * rob["baseline"].mean()  # items are consistently easy or hard
 
 
 def test_figures_report_and_cards(run):
     from PIL import Image
 
-    for name in ("rho_heatmap", "rho_significance", "orderings", "anova_shares", "shap_summary", "consistency"):
+    for name in ("rho_heatmap", "rho_significance", "orderings", "anova_shares", "shap_summary", "consistency", "item_sd"):
         p = run["figures"] / f"{name}.png"
         with Image.open(p) as im:
             assert im.size[0] > 600 and im.size[1] > 400
@@ -178,7 +183,7 @@ def test_figures_report_and_cards(run):
                     "BF16 vs NF4", "ANOVA", "SHAP", "Robustness", "Nearest reversing configuration",
                     "BBQ bias scores"):
         assert f"## {heading}" in report or heading in report
-    assert report.count("![") == 6 and "](../figures/" not in report
+    assert report.count("![") == 7 and "](../figures/" not in report
     assert "## Significance-aware verdicts" in report and "rho_flip_sig" in report
     assert "| resamples |" in report and "| items |" in report and "| configurations |" in report
     assert "](figures/rho_heatmap.png)" in report
@@ -192,6 +197,9 @@ def test_figures_report_and_cards(run):
         assert c["significance"]["rho_flip_sig"] == r["rho_flip_sig"]
         assert c["significance"]["n_ahead_sig"] == r["n_plus_sig"] and c["significance"]["pattern"] == r["pattern"]
     assert "rho_flip_sig" in (run["cards"] / "alpha__bbq.md").read_text()
+    prec = pd.read_parquet(run["tables"] / "precision.parquet").set_index("benchmark")
+    assert card["precision_check"]["n_cells"] == 4
+    assert card["precision_check"]["orderings_agree"] == prec.loc["bbq", "orderings_agree"]
 
     assert all(c["nearest_reversal"]["reference_config"] == "T1-greedy-k0-freeform" for c in card["comparisons"])
     assert "## Nearest reversing configuration" in (run["cards"] / "alpha__bbq.md").read_text()

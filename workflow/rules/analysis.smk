@@ -98,7 +98,6 @@ rule robustness:
     input:
         cells=f"{TABLES}/cell_scores.parquet",
         item_results=f"{TABLES}/item_results.parquet",
-        subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
         **table_outputs("robustness"),
     log:
@@ -108,10 +107,9 @@ rule robustness:
     params:
         code=PLAN.code_fingerprint("safetyrepro.analysis.robustness"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
-        items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q} --items-dir {params.items_dir:q}'
+        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q}'
         " --out-dir {params.out_dir:q} --nominal-config {params.nominal:q} > {log:q} 2>&1"
 
 
@@ -186,6 +184,11 @@ rule cards:
         significance=f"{TABLES}/significance.parquet",
         nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
         cross_package=CROSS_PACKAGE_TABLES,
+        precision=(
+            [table_outputs("precision")[n] for n in ("precision", "precision_cells")]
+            if PLAN.precision_check
+            else []
+        ),
     output:
         # every card (one per model and benchmark) and the index, as the package names them
         cards=[p for k, p in card_outputs().items() if k != "index"],
@@ -206,7 +209,10 @@ rule cards:
             if input.cross_package
             else ""
         ),
+        precision=lambda w, input: (
+            f"--precision {shlex.quote(input.precision[0])}" if input.precision else ""
+        ),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells:q} --provenance {input.provenance:q}'
         " --significance {input.significance:q} --nearest-reversal {input.nearest_reversal:q}"
-        " {params.cross_package} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.cross_package} {params.precision} --out-dir {params.out_dir:q} > {log:q} 2>&1"

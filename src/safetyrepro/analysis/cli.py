@@ -85,13 +85,12 @@ def register(app: typer.Typer) -> None:
 
     @analyze.command("robustness")
     def robustness(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
-                   items_dir: Path = typer.Option(..., "--items-dir", help="folder of <benchmark>.parquet item tables"),
                    out_dir: Path = typer.Option(..., "--out-dir"),
                    nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config")):
-        """Consistency vs random baseline, SD, drop rate, consistency-performance regression."""
+        """Consistency vs random baseline, SDs (cells, items), drop rate, consistency-performance regression."""
         from .robustness import write_robustness
 
-        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config, items_dir=items_dir))
+        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config))
 
     @analyze.command("bbq-bias")
     def bbq_bias(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
@@ -133,11 +132,14 @@ def register(app: typer.Typer) -> None:
               nearest_reversal: Optional[Path] = typer.Option(None, "--nearest-reversal",
                                                               help="nearest_reversal.parquet (a line per pair)"),
               cross_package: Optional[Path] = typer.Option(None, "--cross-package",
-                                                           help="cross_package.parquet (scores in other packages)")):
+                                                           help="cross_package.parquet (scores in other packages)"),
+              precision: Optional[Path] = typer.Option(None, "--precision",
+                                                       help="precision.parquet, precision_cells.parquet beside it")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
-        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package))
+        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package,
+                                precision))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):

@@ -193,11 +193,11 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
 
     out.append(section("subsample_rho_flip", sub_rho))
 
-    out += ["", "## BF16 vs NF4 (conservative_core)", ""]
+    out += ["", "## BF16 vs NF4 (conservative_core; CrowS-Pairs T1/T2 zero-shot logprob)", ""]
     out.append(section("precision", lambda d: md_table(d, {
         "benchmark": "benchmark", "n_cells_paired": "paired cells", "abs_diff_median": "median |diff|",
-        "abs_diff_mean": "mean |diff|", "abs_diff_max": "max |diff|", "n_configs_paired": "paired configs",
-        "n_orderings_match": "orderings match", "share_orderings_match": "share"})))
+        "abs_diff_mean": "mean |diff|", "abs_diff_max": "max |diff|", "orderings_agree": "orderings agree",
+        "share_orderings_match": "share"})))
 
     out += ["", "## Variance attribution: ANOVA (free-form slice)", "",
             "Type II ANOVA of `score ~ C(model) + C(template) + C(decoding) + C(shots)` (main effects only; "
@@ -228,23 +228,28 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("shap", shap_render))
     out += ["", _figure(figures_dir, "shap_summary", out_path, "SHAP summary"), ""]
 
-    out += ["## Robustness as task competence (free-form envelope)", "",
-            "Consistency: share of items with the identical parsed answer in every config (seed 0; a parse "
-            "failure anywhere counts as inconsistent). Random baseline (Ashury-Tahan et al. 2026): the same if "
-            "each config independently succeeded with probability p = the model's overall performance over the "
-            "envelope, a success picking one of the item's correct answers and a failure one of its wrong answers "
-            "uniformly (XSTest unsafe prompts have two correct answers, refuse and partial). Drop rate: mean (nominal - config) / "
-            "nominal over the other configs.", ""]
+    out += ["## Robustness as task competence (free-form envelope; CrowS-Pairs logprob)", "",
+            "Consistency (Ashury-Tahan et al. 2026): share of items answered correctly in every one of the m "
+            "configs (seed 0; any correct label counts; a parse failure is not correct). Random baseline: p^m, "
+            "p = the share correct at the nominal config (CrowS-Pairs: its nearest logprob config). Same answer: "
+            "share with the identical parsed answer everywhere. Item SD: median over items of the SD of the item's "
+            "score across the configs. Drop rate: mean (nominal - config) / nominal over the other configs.", ""]
     out.append(section("robustness", lambda d: md_table(d, {
         "model": "model", "benchmark": "benchmark", "n_configs": "configs", "n_items": "items",
-        "consistency": "consistency", "performance": "p", "baseline": "random baseline", "score_mean": "mean score",
-        "score_sd": "SD", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
+        "consistency": "consistency", "performance": "p", "baseline": "random baseline",
+        "answer_consistency": "same answer", "score_mean": "mean score", "score_sd": "SD",
+        "item_sd_median": "item SD (median)", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
         "share_below_nominal": "share below nominal"})))
     out += [""]
     out.append(section("robustness_regression", lambda d: md_table(d, {
         "y": "y", "x": "x", "n": "n", "slope": "slope", "intercept": "intercept", "r2": "R^2",
         "p_value": "p", "note": "note"})))
-    out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance"), ""]
+    out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance")]
+    out += ["", "Per-item score SD across configs, quantiles over items:", ""]
+    out.append(section("robustness_item_sd", lambda d: md_table(d, {
+        "model": "model", "benchmark": "benchmark", "n_items": "items", "mean": "mean", "q10": "10%",
+        "q25": "25%", "q50": "median", "q75": "75%", "q90": "90%", "q100": "max", "share_zero": "share SD 0"})))
+    out += ["", _figure(figures_dir, "item_sd", out_path, "per-item score SD"), ""]
 
     out += ["## BBQ bias scores (Parrish et al. 2022)", "",
             "Per model over the BBQ envelope: accuracy (the cell score) next to the bias scores. Disambiguated "
