@@ -35,6 +35,7 @@ import pandas as pd
 from .errors import DataError
 from .metrics import benchmark_summary, nearest_reversal_table, pairwise_table, reversal_line
 from .metrics.compare import TieRule, tie_rule
+from .metrics.significance import headline_sentence
 
 REQUIRED = ("model", "benchmark", "score")
 ITEM = "item"
@@ -254,14 +255,6 @@ def to_json(res: CertifyResult) -> str:
     return json.dumps(out, indent=2)
 
 
-def headline(row: dict) -> str:
-    """One benchmark's verdict read against noise, in a sentence."""
-    return (f"{row['benchmark']}: max rho_flip {row['max_rho_flip']:.3f} ({row['max_pair']}); two exchangeable "
-            f"models give {row['max_rho_flip_null_mean']:.3f} on average (95%: {row['max_rho_flip_null_q95']:.3f}), "
-            f"p = {row['max_rho_flip_null_p']:.3g}; {row['pairs_crossover']} pair(s) reverse significantly both "
-            f"ways -> {row['verdict_text']}")
-
-
 def _fmt(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
     df = df.copy()
     for c, f in cols.items():
@@ -283,7 +276,7 @@ def to_text(res: CertifyResult) -> str:
         pr = res.params
         out.append(f"Verdicts read against noise (alpha = {pr['alpha']:g}; family: {pr['family']}, correction: "
                    f"{pr['correction']}; seed {pr['seed']})")
-        out += ["  " + headline(r) for r in bench.to_dict("records")]
+        out += ["  " + headline_sentence(r) for r in bench.to_dict("records")]
         out.append("")
     p = res.pairs.drop(columns=["tie_rule"])
     if sig is not None:

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Mapping, TypedDict
 
+import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
@@ -141,6 +142,10 @@ def _significance(sig: pd.DataFrame | None, model: str, other: str, benchmark: s
         "n_ahead_sig": int(ahead), "n_behind_sig": int(behind), "rho_flip_sig": float(r["rho_flip_sig"]),
         "alpha": float(r["alpha"]), "correction": str(r["correction"]),
         "crossover_p": float(r["crossover_p"]), "crossover": bool(r["crossover"]),
+        "rho_flip_null_mean": float(r["rho_flip_null_mean"]), "rho_flip_null_q95": float(r["rho_flip_null_q95"]),
+        "rho_flip_null_p": float(r["rho_flip_null_p"]), "flips_exceed_noise": bool(r["flips_exceed_noise"]),
+        "mdd_median": float(r["mdd_median"]), "can_reach_alpha": bool(r["can_reach_alpha"]),
+        "n_items": int(r["n_items"]), "family": str(r["family"]),
         "pattern": str(r["pattern"]), "pattern_text": PATTERN_WORDS.get(str(r["pattern"]), str(r["pattern"]))}}
 
 
@@ -250,22 +255,27 @@ def card_markdown(card: dict) -> str:
         f"{e['n_configs']} configs; score range {e['score_min']:.3f} ({e['config_min']}) to "
         f"{e['score_max']:.3f} ({e['config_max']}), width {e['score_range']:.3f}, median {e['score_median']:.3f}.",
         "", "## Verdicts against the other models (Prop. 1)", "",
-        "ahead / behind / tied count configs; *sig* columns count configs where the difference on the "
-        "same items is significant (Holm over configs); rho_flip_sig = min(sig ahead, sig behind)/|C|.", "",
-        "| other | ahead | behind | tied | rho_flip | rho_flip_sig | sig ahead | sig behind | crossover p "
-        "| pattern | ceiling | D1 | D2 | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ahead / behind / tied count configs; *noise* is rho_flip of two exchangeable models on the same "
+        "items (mean, and p = share of such draws with at least this rho_flip); *sig* columns count configs "
+        "where the difference on the same items is significant after the family-wise correction; "
+        "rho_flip_sig = min(sig ahead, sig behind)/|C|; *mdd*: the median difference a config needs to be "
+        "detected with 80% power (docs/VERDICTS.md).", "",
+        "| other | ahead | behind | tied | rho_flip | noise mean | noise p | rho_flip_sig | sig ahead | sig behind "
+        "| crossover p | pattern | mdd | ceiling | D1 | D2 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in card["comparisons"]:
         sg = c.get("significance")
-        sig_cells = ("– | – | – | – | needs item results" if sg is None else
+        sig_cells = ("– | – | – | – | – | – | – | needs item results" if sg is None else
+                     f"{sg['rho_flip_null_mean']:.3f} | {sg['rho_flip_null_p']:.3g} | "
                      f"{sg['rho_flip_sig']:.3f} | {sg['n_ahead_sig']} | {sg['n_behind_sig']} | "
-                     f"{sg['crossover_p']:.3g} | **{sg['pattern_text']}**")
+                     f"{sg['crossover_p']:.3g} | **{sg['pattern_text']}** | "
+                     + (f"{sg['mdd_median']:.3f}" if np.isfinite(sg['mdd_median']) else "none detectable"))
         lines.append(f"| {c['other']} | {c['n_ahead']} | {c['n_behind']} | {c['n_tied']} | {c['rho_flip']:.3f} | "
                      f"{sig_cells} | {c['ceiling']:.3f} | {'yes' if c['d1'] else 'no'} | "
                      f"{'yes' if c['d2'] else 'no'} | {c['verdict']} |")
     if not card["comparisons"]:
-        lines.append("| (no other model on this benchmark) |" + " |" * 13)
+        lines.append("| (no other model on this benchmark) |" + " |" * 16)
     xp = card.get("cross_package")
     if xp:
         lines += ["", "## The nominal configuration in other packages", "",

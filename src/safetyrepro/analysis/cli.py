@@ -48,9 +48,9 @@ def register(app: typer.Typer) -> None:
                      item_results: Path = typer.Argument(..., help="item_results.parquet"),
                      out_dir: Path = typer.Option(..., "--out-dir"),
                      alpha: float = typer.Option(0.05, "--alpha", help="family-wise level"),
-                     samples: Optional[int] = typer.Option(None, "--samples",
+                     samples: Optional[int] = typer.Option(None, "--samples", "--bootstrap-samples",
                                                            help="resampling draws (default: enough to reach alpha)"),
-                     seed: int = typer.Option(0, "--seed"),
+                     seed: int = typer.Option(0, "--seed", "--bootstrap-seed"),
                      family: str = typer.Option("pair", "--family", help="pair | benchmark | table"),
                      correction: str = typer.Option("maxt", "--correction", help="maxt | holm"),
                      tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):

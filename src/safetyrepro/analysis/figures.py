@@ -126,7 +126,10 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
         if key in bi.index:
             lo, hi = float(bi.loc[key, "ci_low"]), float(bi.loc[key, "ci_high"])
             ax.plot([lo, hi], [i - h / 2] * 2, color="#000000", lw=1.2)
-        ax.text(0.515, i, f"{r['rho_flip']:.2f} / {r['rho_flip_sig']:.2f}  p_cross={r['crossover_p']:.2g}\n"
+        # the noise reference: 95% of exchangeable-model draws lie left of the tick
+        ax.plot([r["rho_flip_null_q95"]] * 2, [i - h, i], color="#0077bb", lw=2.2)
+        ax.text(0.515, i, f"{r['rho_flip']:.2f} / {r['rho_flip_sig']:.2f}  noise p={r['rho_flip_null_p']:.2g}  "
+                f"p_cross={r['crossover_p']:.2g}\n"
                 f"{PATTERN_STYLE.get(r['pattern'], ('', '', r['pattern']))[2]}", va="center", fontsize=7)
     ax.set_yticks(y, labels=[f"{r.benchmark}: {r.model_a} vs {r.model_b}" for r in d.itertuples()])
     ax.invert_yaxis()
@@ -134,10 +137,13 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
     ax.axvline(0.5, color="grey", ls="--", lw=1)
     ax.set_xlabel("share of configs (ceiling 0.5)")
     alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
-    ax.set_title("rho_flip (upper, light bar; line: item-bootstrap 95% interval) vs rho_flip_sig "
-                 f"(lower, filled;\nreversals significant on the items at alpha={alpha:g}, Holm over configs)",
-                 fontsize=9)
+    ax.set_title("rho_flip (upper, light bar; black line: spread under item redraws; blue tick: 95th percentile "
+                 "of two\nexchangeable models) vs rho_flip_sig (lower, filled; reversals significant on the items "
+                 f"at family-wise alpha={alpha:g})", fontsize=9)
+    from matplotlib.lines import Line2D
+
     handles = [Patch(facecolor=c, edgecolor="#333333", hatch=hh, label=lab) for c, hh, lab in PATTERN_STYLE.values()]
+    handles.append(Line2D([0], [0], color="#0077bb", lw=2.2, label="noise: 95% of exchangeable-model rho_flip"))
     ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()
     out = _save(fig, path, meta)

@@ -16,6 +16,7 @@ import pandas as pd
 from ..io import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
+from ..metrics.significance import headline_sentence
 from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, stale_note, version_text
 from .outputs import REPORT_TABLES
@@ -87,31 +88,47 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
            "", "Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher, "
            "N- where B does, N0 ties. rho_flip = min(N+, N-)/|C|; its ceiling is floor(|C|/2)/|C|.", ""]
 
-    out += ["## Table 2: verdict stability per benchmark and pair (full envelope)", ""]
+    out += ["## Headline: do the flips exceed item noise?", "",
+            "rho_flip counts every strict reversal, however small; two models that are exchangeable on the items "
+            "flip often too. Per benchmark: the largest rho_flip beside what two exchangeable models give on the "
+            "same items (item-wise swaps of the models' scores, docs/VERDICTS.md), whether any pair reverses "
+            "significantly both ways, and the difference a config needs to be detected.", ""]
+    out.append(section("significance_benchmarks", lambda d: "\n".join(
+        f"- {headline_sentence(r)}" for r in d.to_dict("records"))))
+    out += ["", "## Table 2: verdict stability per benchmark and pair (full envelope)", "",
+            "noise mean / q95 / p: rho_flip of two exchangeable models on the same items (p = share of such draws "
+            "with at least the observed rho_flip); a small p means more flips than item noise gives.", ""]
     out.append(section("table2", lambda d: md_table(d, {
         "benchmark": "benchmark", "pair": "pair", "n_plus": "N+", "n_minus": "N-", "n_zero": "N0",
-        "n_configs": "|C|", "rho_flip": "rho_flip", "ceiling": "ceiling", "saturated": "saturated",
-        "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings"})))
+        "n_configs": "|C|", "rho_flip": "rho_flip", "rho_flip_null_mean": "noise mean",
+        "rho_flip_null_q95": "noise q95", "rho_flip_null_p": "noise p", "ceiling": "ceiling",
+        "saturated": "saturated", "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs",
+        "max_rho_flip_null_p": "max: noise p", "orderings_reachable": "orderings",
+        "orderings_null_mean": "orderings: noise mean", "noise_note": "note"})))
     out += ["", _figure(figures_dir, "rho_heatmap", out_path, "rho_flip heatmap"), ""]
 
     def sig_render(d: pd.DataFrame) -> str:
         d = d.assign(pair=[f"{a} vs {b}" for a, b in zip(d["model_a"], d["model_b"])],
                      pattern=[f"**{PATTERN_TEXT.get(p, p)}**" for p in d["pattern"]])
         alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
-        head = (f"alpha = {alpha:g}, Holm-corrected over the configs of each benchmark and pair; "
-                f"bootstrap B = {int(d['samples'].iloc[0]) if len(d) else 0}, seed "
-                f"{int(d['seed'].iloc[0]) if len(d) else 0}.\n\n")
+        head = (f"alpha = {alpha:g} family-wise; family: {d['family'].iloc[0] if len(d) else '?'}; "
+                f"{d['correction'].iloc[0] if len(d) else ''}; resampling: "
+                f"{', '.join(sorted(set(d['resampling'])))}; seed {int(d['seed'].iloc[0]) if len(d) else 0}.\n\n")
         return head + md_table(d, {
             "benchmark": "benchmark", "pair": "pair", "n_configs": "|C|", "n_items": "items", "n_plus": "N+",
-            "n_minus": "N-", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
-            "rho_flip_sig": "rho_flip_sig", "crossover_p": "crossover p", "pattern": "pattern"})
+            "n_minus": "N-", "rho_flip": "rho_flip", "rho_flip_null_p": "noise p", "n_plus_sig": "N+_sig",
+            "n_minus_sig": "N-_sig", "rho_flip_sig": "rho_flip_sig", "crossover_p": "crossover p",
+            "mdd_median": "mdd (median)", "min_attainable_p": "smallest attainable p", "pattern": "pattern"})
 
     out += ["## Significance-aware verdicts (item level)", "",
             "Per config the two models are compared on the same items (a sampled cell's item score is its seed "
-            "mean): exact McNemar for 0/1 item scores, paired item bootstrap otherwise. N+_sig / N-_sig count "
-            "configs where A / B is significantly ahead; rho_flip_sig = min(N+_sig, N-_sig)/|C| stands beside "
-            "rho_flip. The crossover test asks whether A is significantly ahead somewhere AND B somewhere "
-            "(intersection-union range test, max-T critical values from a joint item bootstrap). Pattern: "
+            "mean) by a sign-flip test: each item's pair of scores may be swapped, jointly over every config "
+            "(exact over all 2^k swaps when k <= 14 items differ; for 0/1 items this is the exact McNemar test). "
+            "The p-values are corrected over the family by step-down max-T on the same draws, so the per-config "
+            "decisions, N+_sig / N-_sig, rho_flip_sig = min(N+_sig, N-_sig)/|C| and the crossover decision "
+            "(significantly ahead somewhere AND behind somewhere) cannot contradict each other. mdd: the "
+            "difference a config needs to be detected with 80% power; where even the most extreme data cannot "
+            "reach alpha the table says so. Pattern: "
             + "; ".join(f"`{k}` = {v}" for k, v in PATTERN_TEXT.items()) + ".", ""]
     out.append(section("significance", sig_render))
     out += ["", _figure(figures_dir, "rho_significance", out_path, "rho_flip vs rho_flip_sig"), ""]
@@ -129,7 +146,9 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out += ["", "## Table 4: envelopes (full, core, full minus T4, full minus T=0.7, conservative core)", ""]
     out.append(section("table4", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "max_rho_flip": "max rho_flip",
-        "max_pair": "pair", "orderings_reachable": "orderings reachable", "orderings_possible": "of",
+        "max_pair": "pair", "max_rho_flip_null_q95": "noise q95", "max_rho_flip_null_p": "noise p",
+        "orderings_reachable": "orderings reachable", "orderings_possible": "of",
+        "orderings_null_mean": "orderings: noise mean", "orderings_null_p": "orderings: noise p",
         "tied_configs": "configs with ties", "note": "note"})))
     out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable per envelope"), ""]
 
@@ -142,17 +161,21 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out += ["", "## tau_R and the total-order change rate", "",
             "tau_R: mean Kendall tau-b between the model rankings of two configs, over all config pairs. "
             "Total-order change rate: share of config pairs whose induced orders of the models differ "
-            "(the paper's total-order \"flip rate\"; a property of the whole ranking, not rho_flip); "
-            "under independent uniform scores it is 1 - 1/n! (column `null`).", ""]
+            "(the paper's total-order \"flip rate\"; a property of the whole ranking, not rho_flip). "
+            "Column `exchangeable bound`: 1 - 1/n!, its value only when every config's strict order is an "
+            "independent uniform draw; it cannot tell instability from noise (a fixed order with 1 pp gaps plus "
+            "item noise comes close to it). The reference measured on the run's items is in the headline's table "
+            "(`significance_benchmarks`: order_change_null_*).", ""]
     out.append(section("tau_r", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "tau_r": "tau_R",
         "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined",
-        "order_change_rate": "total-order change rate", "order_change_null": "null"})))
+        "order_change_rate": "total-order change rate", "order_change_null": "exchangeable bound"})))
 
-    out += ["", "## Bootstrap intervals of rho_flip (percentile 95%)", "",
-            "Two intervals, each labelled by what it resamples: `configurations` (items fixed: which configs "
-            "happen to be in the envelope) and `items` (configs fixed: item sampling noise, every cell "
-            "recomputed on the same item draws).", ""]
+    out += ["", "## Spread of rho_flip under resampling (percentile 2.5-97.5)", "",
+            "Two spreads, each labelled by what it resamples: `configurations` (items fixed: which configs "
+            "happen to be in the envelope) and `items` (configs fixed: every cell recomputed on the same item "
+            "redraws). Neither is a confidence interval for a 'true' rho_flip: item noise biases the plug-in "
+            "value up, so read it against the noise references above.", ""]
     boot_cols = {"benchmark": "benchmark", "statistic": "rho_flip of", "resamples": "resamples",
                  "n_configs": "|C|", "estimate": "estimate", "ci_low": "2.5%", "ci_high": "97.5%",
                  "samples": "B", "seed": "seed"}

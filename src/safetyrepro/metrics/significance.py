@@ -555,6 +555,18 @@ def noise_columns(grids: list[ItemGrid], samples: int, seed: int, tol=None) -> t
     return pd.DataFrame(prow), pd.DataFrame(brow)
 
 
+def headline_sentence(row: dict) -> str:
+    """One benchmark's verdict read against noise (a ``significance_benchmarks`` row), in words."""
+    mdd = row.get("mdd_median", float("nan"))
+    power = (f"; with {row['n_items']} items a config needs a difference of about {100 * mdd:.0f} pp to be "
+             "detected (80% power)" if np.isfinite(mdd) else
+             f"; with {row['n_items']} items no reversal of any size can be significant")
+    return (f"{row['benchmark']}: max rho_flip {row['max_rho_flip']:.3f} ({row['max_pair']}); two exchangeable "
+            f"models give {row['max_rho_flip_null_mean']:.3f} on average (95%: {row['max_rho_flip_null_q95']:.3f}), "
+            f"p = {row['max_rho_flip_null_p']:.3g}; {row['pairs_crossover']} pair(s) reverse significantly both "
+            f"ways -> {row['verdict_text']}{power}")
+
+
 def analyse_grid(g: ItemGrid, **settings) -> dict[str, pd.DataFrame]:
     """:func:`significance_tables` of one benchmark (keyword arguments: :class:`Settings`)."""
     return significance_tables([g], Settings(**settings))
