@@ -94,21 +94,15 @@ def test_config_cols_named_twice_or_reserved(tmp_path):
 def test_huge_item_score_is_refused_before_the_statistics(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text(ITEMS.replace("a,b,c1,i1,1\n", f"a,b,c1,i1,{2**63}\n"))
-    _refused(p, needle="score out of range (|score| <= 1e+06) in row(s) [2]")
+    _refused(p, needle="score out of range (|score| <= 1e+12) in row(s) [2]")
     p.write_text(ITEMS.replace("a,b,c1,i1,1\n", f"a,b,c1,i1,{MAX_ABS_SCORE}\n"))
     assert certify(p).level == "item"      # the bound itself is accepted, and the statistics run
-
-
-def test_one_item_is_refused(tmp_path):
-    p = tmp_path / "t.csv"
-    p.write_text("".join(line + "\n" for line in ITEMS.splitlines() if "i2" not in line))
-    _refused(p, needle="benchmark 'b' has 1 item; item-level input needs at least 2")
 
 
 def test_negative_bootstrap_seed_is_refused(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text(ITEMS)
-    _refused(p, "--bootstrap-seed", "-1", needle="--bootstrap-seed must be an integer in [0, 2^63) (got -1)")
+    _refused(p, "--bootstrap-seed", "-1", needle="the resampling seed must be >= 0 (got -1)")
 
 
 def test_out_that_is_a_file(tmp_path):
@@ -122,7 +116,7 @@ def test_out_that_is_a_file(tmp_path):
 
 # ---- generated malformed tables ------------------------------------------------------------
 
-CELL = st.one_of(st.text(max_size=6), st.sampled_from(["", "nan", "inf", "-inf", "1e400", "1e19", "0.5", "1",
+CELL = st.one_of(st.text(max_size=6), st.sampled_from(["", "nan", "inf", "-inf", "1e400", "1e19", "1e12", "0.5", "1",
                                                        "\"", "a,b", "=1+1", "\x00", "\r", "NA"]),
                  st.integers(-2**70, 2**70).map(str), st.floats(allow_nan=True).map(repr))
 HEADER = st.lists(st.sampled_from(["model", "benchmark", "config", "item", "score", "template", "", "x"]),
@@ -177,8 +171,8 @@ def test_fuzzed_parquet_tables_end_in_a_data_error_or_a_result(tmp_path, n, data
 @settings(derandomize=True, max_examples=600, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from(["x", "y"]), st.sampled_from(["c1", "c2"]),
                                st.sampled_from(["i1", "i2", "i3"]),
-                               st.one_of(st.sampled_from([0, 1, 0.5, 1 / 3, -2.0, 1e6, 1e-300]),
-                                         st.floats(-1e6, 1e6))), max_size=30),
+                               st.one_of(st.sampled_from([0, 1, 0.5, 1 / 3, -2.0, 1e6, 1e12, 1e-300]),
+                                         st.floats(-1e13, 1e13))), max_size=30),
        items=st.booleans(), tol=st.one_of(st.none(), st.floats(0, 1)))
 def test_fuzzed_well_formed_tables_end_in_a_data_error_or_a_result(tmp_path, rows, items, tol):
     """Well-formed rows with odd contents (one model, one item, missing cells, duplicates)."""
