@@ -127,7 +127,7 @@ def _csv_line(cells):
     return ",".join(cells)
 
 
-@settings(derandomize=True, max_examples=600, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(derandomize=True, max_examples=600, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(header=HEADER, rows=st.lists(st.lists(CELL, max_size=7), max_size=8),
        config_cols=st.one_of(st.none(), st.lists(st.sampled_from(["template", "config", "x", "score", ""]),
                                                  min_size=1, max_size=3)),
@@ -141,10 +141,10 @@ def test_fuzzed_csv_tables_end_in_a_data_error_or_a_result(tmp_path, header, row
         certify(p, config_cols, drop_incomplete=True, samples=20)
     except DataError as exc:
         assert str(p) in str(exc)
-    assert time.perf_counter() - t0 < 2
+    assert time.perf_counter() - t0 < 10   # bounded (generous: the test machine is shared)
 
 
-@settings(derandomize=True, max_examples=400, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(derandomize=True, max_examples=400, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(0, 6), data=st.data())
 def test_fuzzed_parquet_tables_end_in_a_data_error_or_a_result(tmp_path, n, data):
     anything = st.one_of(st.none(), st.text(max_size=4), st.binary(max_size=4), st.integers(-2**63, 2**63 - 1),
@@ -168,7 +168,7 @@ def test_fuzzed_parquet_tables_end_in_a_data_error_or_a_result(tmp_path, n, data
         assert str(p) in str(exc)
 
 
-@settings(derandomize=True, max_examples=600, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(derandomize=True, max_examples=600, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from(["x", "y"]), st.sampled_from(["c1", "c2"]),
                                st.sampled_from(["i1", "i2", "i3"]),
                                st.one_of(st.sampled_from([0, 1, 0.5, 1 / 3, -2.0, 1e6, 1e12, 1e-300]),
