@@ -191,6 +191,35 @@ def test_corrupt_shard_is_named(tiny, tmp_path):
         shard.write_bytes(backup)
 
 
+def test_a_flipped_bit_in_a_shard_is_caught_and_only_its_cell_reruns(tiny):
+    """A bit flipped inside a shard's data page: the aggregation job fails naming the shard and
+    moves it aside (``.corrupt``; Snakemake removes the failed job's outputs), and the next
+    run's plan recomputes exactly that cell (then aggregation and what follows)."""
+    project, config, _ = tiny
+    shard = _shards(project)[2]
+    corrupt = shard.with_name(shard.name + ".corrupt")
+    tables = project / "results" / "tables"
+    saved = {p: (p.read_bytes(), p.stat()) for p in [shard, *tables.iterdir()] if p.is_file()}
+    col = pq.ParquetFile(shard).metadata.row_group(0).column(3)       # raw_output
+    data = bytearray(saved[shard][0])
+    data[(col.dictionary_page_offset or col.data_page_offset) + col.total_compressed_size - 2] ^= 0x10
+    try:
+        shard.write_bytes(bytes(data))
+        r = snakemake(project, config, "results/tables/cell_scores.parquet", "--forcerun", "aggregate")
+        out = r.stdout + r.stderr
+        assert r.returncode != 0 and f"{shard}: corrupt Parquet data" in out
+        assert "so that the next run recomputes it" in out
+        assert not shard.exists() and corrupt.read_bytes() == bytes(data)
+        counts, outputs = planned(project, config)
+        assert {o for o in outputs if "/shards" in o} == {str(shard.relative_to(project))}
+        assert cell_rules(counts) == {"cell": 1} and counts["aggregate"] == 1
+    finally:
+        for p, (b, st) in saved.items():
+            p.write_bytes(b)
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        corrupt.unlink(missing_ok=True)
+
+
 def test_malformed_config_fails_before_any_job(tmp_path):
     project, config = make_project_copy(tmp_path / "p")
     cfg = yaml.safe_load(config.read_text())
