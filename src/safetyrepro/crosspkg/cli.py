@@ -11,8 +11,7 @@ import typer
 def _write(res, out: Path) -> None:
     from ..io import atomic_write_text, write_parquet
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() in {".parquet", ".pq"}:
+    if out.suffix.lower() in {".parquet", ".pq"}:   # both writers create the folder (WriteError if they cannot)
         write_parquet(res.table, out, {"kind": "import"})   # atomic: a failed write keeps the old file
     else:
         atomic_write_text(out, res.table.to_csv(index=False))
