@@ -25,6 +25,8 @@ CONFIG is strictly reversed and, with item-level input, significantly reversed.
 from __future__ import annotations
 
 import json
+import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,8 +36,23 @@ from .errors import DataError
 from .metrics import benchmark_summary, nearest_reversal_table, pairwise_table, reversal_line
 from .metrics.compare import TieRule, tie_rule
 
+
+class _CallableModule(types.ModuleType):
+    """``safetyrepro.certify`` names this module (importing a submodule binds its name on the
+    package), so the module itself is the API call: ``safetyrepro.certify(df, ...)``."""
+
+    def __call__(self, table, **options):
+        from .api import certify as api_certify
+
+        return api_certify(table, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
 REQUIRED = ("model", "benchmark", "score")
 ITEM = "item"
+DATAFRAME = "<DataFrame>"   # how errors and the result's ``source`` name an in-memory table
 NEEDS_ITEMS = ("significance (N+_sig, N-_sig, rho_flip_sig, the crossover test and the item-bootstrap "
                "interval of rho_flip) needs item-level input: a long table with an 'item' column "
                "(model, benchmark, config, item, score)")
@@ -56,6 +73,7 @@ class CertifyResult:
 
 
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
+    """Read a CSV or Parquet score table and validate it (:func:`validate_score_table`)."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found")
@@ -68,6 +86,18 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
             df = pd.read_csv(path, encoding="utf-8-sig", float_precision="round_trip")
     except Exception as exc:
         raise DataError(path, f"cannot read as {'Parquet' if path.suffix.lower() in {'.parquet', '.pq'} else 'CSV'}: {exc}") from exc
+    return validate_score_table(df, path, config_cols, csv_rows=True)
+
+
+def validate_score_table(df: pd.DataFrame, path: str | Path, config_cols: list[str] | None = None,
+                         csv_rows: bool = False) -> pd.DataFrame:
+    """Check a long score table (``path`` names it in errors) and return the columns certify
+    uses, keys as strings and scores as floats. Errors give row numbers as a file's lines
+    (header = 1) with ``csv_rows``, else as positions in ``df`` (first row = 0)."""
+    if not isinstance(df, pd.DataFrame):
+        raise DataError(path, f"expected a pandas DataFrame or a file path, got {type(df).__name__}")
+    df = df.reset_index(drop=True)
+    first, rows_are = (2, "row numbers count the header as 1") if csv_rows else (0, "row positions, first = 0")
     need = list(REQUIRED) + (list(config_cols) if config_cols else ["config"])
     missing = [c for c in need if c not in df.columns]
     if missing:
@@ -81,18 +111,18 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
     df = df[keys + ["score"] + axes].copy()
     for col in axes:
         if df[col].isna().any():
-            rows = (df.index[df[col].isna()] + 2).tolist()[:10]
-            raise DataError(path, f"empty axis column '{col}' in row(s) {rows} (row numbers count the header as 1)")
+            rows = (df.index[df[col].isna()] + first).tolist()[:10]
+            raise DataError(path, f"empty axis column '{col}' in row(s) {rows} ({rows_are})")
         df[col] = df[col].astype(str)
     for col in keys:
         if df[col].isna().any():
-            rows = (df.index[df[col].isna()] + 2).tolist()[:10]
-            raise DataError(path, f"empty '{col}' in row(s) {rows} (row numbers count the header as 1)")
+            rows = (df.index[df[col].isna()] + first).tolist()[:10]
+            raise DataError(path, f"empty '{col}' in row(s) {rows} ({rows_are})")
         df[col] = df[col].astype(str)
     num = pd.to_numeric(df["score"], errors="coerce")
     bad = num.isna() | ~num.apply(lambda v: pd.notna(v) and abs(v) != float("inf"))
     if bad.any():
-        rows = (df.index[bad] + 2).tolist()[:10]
+        rows = (df.index[bad] + first).tolist()[:10]
         vals = df.loc[bad, "score"].astype(str).tolist()[:10]
         raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {rows}: {vals}")
     df["score"] = num.astype(float)
@@ -163,13 +193,17 @@ def _reversal(df: pd.DataFrame, cell_df: pd.DataFrame, nominal: str, axes: list[
                                   nominal_levels=nominal_levels(df, nominal, axes, path))
 
 
-def certify(path: str | Path, config_cols: list[str] | None = None, drop_incomplete: bool = False,
+def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = None, drop_incomplete: bool = False,
             tol: float | None = None, *, alpha: float = 0.05, samples: int = 1000, seed: int = 0,
             nominal: str | None = None) -> CertifyResult:
-    """Verdict metrics of an external table (see the module doc for the two levels). Without
+    """Verdict metrics of an external table: a CSV/Parquet path or a DataFrame with the same
+    columns (named ``<DataFrame>`` in errors; see the module doc for the two levels). Without
     ``tol``, float scores equal within 1e-12 relative tie (exact fractions recovered from
     item-level 0/1 or k/q scores compare exactly); ``tol > 0``: |difference| <= tol ties, for
     every quantity (sign counts, orderings, tau_R, significance)."""
+    table = path if isinstance(path, pd.DataFrame) else None
+    if table is not None:
+        path = DATAFRAME
     if tol is not None and (not tol >= 0 or tol == float("inf")):
         raise DataError(path, f"--tol must be a finite number >= 0 (got {tol})")
     if not 0 < alpha < 1:
@@ -179,7 +213,7 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
     if nominal is not None and not config_cols:
         raise DataError(path, "--nominal needs axis columns (--config-cols template,decoding,shots,scoring): "
                               "the distance to a reversing config counts axis changes")
-    df = read_score_table(path, config_cols)
+    df = read_score_table(path, config_cols) if table is None else validate_score_table(table, path, config_cols)
     item_level = ITEM in df.columns
     cells = df.drop_duplicates(["model", "benchmark", "config"]) if item_level else df
     missing = incomplete_cells(cells)
