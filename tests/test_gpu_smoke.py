@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from safetyrepro.hashing import text_hash
 from safetyrepro.models.chat import template_hash
 from workflow_support import DATA, ROOT
+from config_support import config_copy
 
 pytestmark = pytest.mark.slow  # loads a model (~1 min on 2 cores)
 
@@ -23,7 +24,7 @@ def test_gpu_smoke_cpu_mode_writes_a_complete_record(tmp_path, default_cfg):
     from safetyrepro.models import prepare_model
 
     folder = prepare_model(default_cfg, "smollm2-135m", progress=False)
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    cfg = config_copy(ROOT / "config" / "config.yaml")
     cfg["models"] = {"smollm2-135m": cfg["models"]["smollm2-135m"]}
     cfg["benchmarks"] = {"truthfulqa": {"n_items": 300}}
     cfg["data"]["local_dir"] = str(DATA)

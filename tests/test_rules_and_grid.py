@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from conftest import run_cli
+from config_support import config_copy
 from safetyrepro import grid
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError
@@ -135,7 +136,7 @@ def test_bad_rules_name_file_and_field(tmp_path, project_root, mutate, field):
      "models.smollm2-135m.source.gguf_name"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, project_root, mutate, field):
-    content = yaml.safe_load((project_root / "config/config.yaml").read_text())
+    content = config_copy(project_root / "config/config.yaml")
     mutate(content)
     p = tmp_path / "config.yaml"
     p.write_text(yaml.safe_dump(content))
@@ -154,7 +155,7 @@ def test_bad_config_cli_exit_2(tmp_path):
 
 
 def test_analysis_alpha_default(tmp_path, project_root):
-    content = yaml.safe_load((project_root / "config/config.yaml").read_text())
+    content = config_copy(project_root / "config/config.yaml")
     content["analysis"].pop("alpha")
     p = tmp_path / "config.yaml"
     p.write_text(yaml.safe_dump(content))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .config import RunConfig, load_config
-from .errors import CellError, ConfigError, SafetyReproError
+from .errors import CellError, SafetyReproError
 from .grid import Config
 from .hashing import canonical_hash, text_hash
 from .provenance import code_version
@@ -108,8 +108,6 @@ class CellWorker:
 
     # ---- files read once per version ------------------------------------------------------
     def config(self, path: str) -> RunConfig:
-        if not Path(path).is_file():
-            raise ConfigError(path, None, "file not found")
         key = (str(path), Path(path).stat().st_mtime)
         if key not in self._configs:
             self._configs[key] = load_config(path)

@@ -122,6 +122,10 @@ def run_cell(
                                 help="run inside the persistent per-model worker (started if needed)"),
 ):
     """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
+    if not config.is_file():
+        from .errors import ConfigError
+
+        raise ConfigError(config, None, "file not found")
     kwargs = dict(config=str(config.resolve()), model=model, benchmark=benchmark, cell=cell, seed=seed,
                   out=str(out.resolve()), variant=variant)
     if worker:

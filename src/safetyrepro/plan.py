@@ -271,9 +271,8 @@ class Plan:
             else:
                 from .errors import SafetyReproError
                 from .models.prepare import record_local
-                from .paths import resolve
 
-                folder = resolve(source["path"])
+                folder = self.cfg.resolve(source["path"])
                 try:
                     rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
                     self._weights[model] = rec["weights_hash"]

@@ -1,4 +1,4 @@
-# Shared set-up: validate the config against config/schema, build the plan, and define the
+# Shared set-up: validate the config against the package schema (src/safetyrepro/data/schema), build the plan, and define the
 # input functions and wildcard constraints every other rule file uses.
 import os
 import re
