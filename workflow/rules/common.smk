@@ -56,7 +56,14 @@ def rel(path):
 
 RESULTS = rel(PLAN.results)
 CONFIG = rel(CONFIG_PATH)
-ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
+# Each rule's `conda:` names the software it runs (envs/safetyrepro.yaml) for the linter; jobs
+# run in this interpreter's environment, so a conda deployment would install an unused copy.
+ENV = "../../envs/safetyrepro.yaml"
+if any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method):
+    sys.exit(
+        "error: --software-deployment-method conda is not supported: every job runs the "
+        "interpreter that runs Snakemake; install the project into it (make install)"
+    )
 
 # Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...).
 # Every path and value a rule's shell command interpolates is shell-quoted ({x:q}), so a
