@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binom, norm
+from statistics import NormalDist
 
 from .compare import Scores, diff_sign, rule_for
 from .itemgrid import (MAX_ITEM_DEN, CommonArrays, ItemGrid, common_arrays, item_grid_from_results,  # noqa: F401
@@ -101,6 +101,8 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 def mcnemar_exact(n10: np.ndarray, n01: np.ndarray) -> np.ndarray:
     """Two-sided exact McNemar (sign test on discordant pairs) p-values."""
+    from scipy.stats import binom
+
     n10, n01 = np.asarray(n10), np.asarray(n01)
     n = n10 + n01
     p = np.minimum(1.0, 2.0 * binom.cdf(np.minimum(n10, n01), n, 0.5))
@@ -311,7 +313,7 @@ def _mdd(crit: float, q_stat: np.ndarray, q_pair: np.ndarray, scale, n: int, att
     qp = np.where(q_pair > 0, q_pair, fill)
     qs = np.where(q_stat > 0, q_stat, qp)
     unit = n * (1.0 if scale is None else np.asarray(scale, dtype=float))
-    return (crit * qs + norm.ppf(POWER) * qp) / unit
+    return (crit * qs + NormalDist().inv_cdf(POWER) * qp) / unit
 
 
 @dataclass
