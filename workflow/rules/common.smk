@@ -110,6 +110,7 @@ REPORT_CATEGORY = {
     "subsample": "Robustness",
     "bbq-bias": "Robustness",
     "precision": "Robustness",
+    "scale-probe": "Robustness",
 }
 
 
