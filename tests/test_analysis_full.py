@@ -52,7 +52,8 @@ def run(tmp_path_factory):
          "--significance-configs", str(tables / "significance_configs.parquet")],
         ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards),
          "--significance", str(tables / "significance.parquet"),
-         "--nearest-reversal", str(tables / "nearest_reversal.parquet")],
+         "--nearest-reversal", str(tables / "nearest_reversal.parquet"),
+         "--scale-probe", str(tables / "scale_probe.parquet")],
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
         ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
     ]
@@ -197,6 +198,14 @@ def test_figures_report_and_cards(run):
 
     assert all(c["nearest_reversal"]["reference_config"] == "T1-greedy-k0-freeform" for c in card["comparisons"])
     assert "## Nearest reversing configuration" in (run["cards"] / "alpha__bbq.md").read_text()
+    # the scale probe's line on each family member's card (alpha -> beta vs gamma), none on gamma's
+    from safetyrepro.analysis.scale_probe import probe_line
+
+    row = pd.read_parquet(run["tables"] / "scale_probe.parquet").set_index("benchmark").loc["bbq"]
+    line = probe_line({"benchmark": "bbq", **row.to_dict()})
+    assert card["scale_probe"] == [line] and json.loads((run["cards"] / "beta__bbq.json").read_text())["scale_probe"] == [line]
+    assert json.loads((run["cards"] / "gamma__bbq.json").read_text())["scale_probe"] is None
+    assert f"- {line}" in (run["cards"] / "alpha__bbq.md").read_text()
     # rho_flip is never called a "flip rate"; only the total-order change rate is named after the paper's term
     assert "flip rate" not in report.lower().replace('total-order "flip rate"', "")
 

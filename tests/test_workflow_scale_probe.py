@@ -45,16 +45,20 @@ def test_scale_probe_rule_planned_with_its_inputs(tmp_path):
     # the report reads the probe's tables
     report_inputs = jobs["report_md"][0]["input"].split(", ")
     assert str(tables / "scale_probe.parquet") in report_inputs and str(tables / "scale_probe_pairs.parquet") in report_inputs
+    # and the cards, a line per family member
+    assert str(tables / "scale_probe.parquet") in jobs["cards"][0]["input"].split(", ")
+    assert f"--scale-probe {tables / 'scale_probe.parquet'}" in jobs["cards"][1]
 
 
 def test_no_scale_probe_job_without_the_key(tmp_path):
     jobs, tables = _dry_run(tmp_path, lambda cfg: cfg["analysis"].pop("scale_probe"))
     assert "scale_probe" not in jobs and "significance" in jobs
     assert str(tables / "scale_probe.parquet") not in jobs["report_md"][0]["input"]
+    assert "--scale-probe" not in jobs["cards"][1] and str(tables / "scale_probe.parquet") not in jobs["cards"][0]["input"]
 
 
 def test_bad_family_stops_the_workflow_naming_the_field(tmp_path):
     import pytest
 
-    with pytest.raises(AssertionError, match=r"analysis.scale_probe.families\[0\]"):
+    with pytest.raises(AssertionError, match=r"analysis.scale_probe.families.0"):
         _dry_run(tmp_path, lambda cfg: cfg["analysis"].update(scale_probe={"families": [["smollm2-135m", "nope"]]}))

@@ -166,7 +166,7 @@ def _check_scale_probe(cfg: RunConfig) -> None:
     families = (cfg.data["analysis"].get("scale_probe") or {}).get("families", [])
     seen = set()
     for i, fam in enumerate(families):
-        field_ = f"analysis.scale_probe.families[{i}]"
+        field_ = f"analysis.scale_probe.families.{i}"
         unknown = [m for m in fam if m not in cfg.data["models"]]
         if unknown:
             raise ConfigError(cfg.path, field_, f"{unknown} not among the configured models {cfg.models}")

@@ -174,6 +174,7 @@ rule cards:
         significance=f"{TABLES}/significance.parquet",
         nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
         cross_package=CROSS_PACKAGE_TABLES,
+        scale_probe=SCALE_PROBE_TABLES,
     output:
         # every card (one per model and benchmark) and the index, as the package names them
         cards=[p for k, p in card_outputs().items() if k != "index"],
@@ -194,10 +195,15 @@ rule cards:
             if input.cross_package
             else ""
         ),
+        scale_probe=lambda w, input: (
+            f"--scale-probe {shlex.quote(input.scale_probe[0])}"
+            if input.scale_probe
+            else ""
+        ),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells:q} --provenance {input.provenance:q}'
         " --significance {input.significance:q} --nearest-reversal {input.nearest_reversal:q}"
-        " {params.cross_package} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.cross_package} {params.scale_probe} --out-dir {params.out_dir:q} > {log:q} 2>&1"
 
 
 rule scale_probe:

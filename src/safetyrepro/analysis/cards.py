@@ -290,6 +290,9 @@ def card_markdown(card: dict) -> str:
             lead = r["leader_at_reference"]
             lines.append(f"- vs {other}: {'tied' if lead == 'tie' else lead + ' ahead'} at {ref}; "
                          f"strict reversal: {r['strict']}; significant reversal: {r['significant']}")
+    if card.get("scale_probe"):
+        lines += ["", "## Scale probe (a larger sibling in place of a model)", ""]
+        lines += [f"- {line}" for line in card["scale_probe"]]
     return "\n".join(lines) + "\n"
 
 
@@ -307,6 +310,15 @@ def cross_package_entry(xp: pd.DataFrame, model: str, benchmark: str) -> dict | 
             "ordering_changes": bool(first["ordering_changes"]), "rows": rows}
 
 
+def scale_probe_entry(sp: pd.DataFrame, model: str, benchmark: str) -> list[str] | None:
+    """The card's scale-probe lines: the rows of the ``scale_probe`` table where this model is
+    a family's small or large member (:func:`.scale_probe.probe_line`)."""
+    from .scale_probe import probe_line
+
+    sub = sp[(sp["benchmark"] == benchmark) & ((sp["small"] == model) | (sp["large"] == model))]
+    return [probe_line(r) for r in sub.to_dict("records")] or None
+
+
 def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict,
                 significance: pd.DataFrame | None = None, reversal: pd.DataFrame | None = None) -> list[dict]:
     prov = load_provenance(provenance)
@@ -322,7 +334,8 @@ def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dic
 def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
                 out_dir: str | Path, significance_path: str | Path | None = None,
                 reversal_path: str | Path | None = None,
-                cross_package_path: str | Path | None = None) -> dict[str, Path]:
+                cross_package_path: str | Path | None = None,
+                scale_probe_path: str | Path | None = None) -> dict[str, Path]:
     """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``.
     ``significance_path``: the ``significance`` table; ``reversal_path``: the
     ``nearest_reversal`` table (both optional; from the same run)."""
@@ -341,6 +354,11 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     if cross_package_path is not None:
         xp, xmeta = read_table(cross_package_path)
         sources.append((Path(cross_package_path), xmeta))
+    sp = None
+    if scale_probe_path is not None:
+        sp, pmeta = read_table(scale_probe_path)
+        check_same_rules((cs.path, cs.meta), (Path(scale_probe_path), pmeta))
+        sources.append((Path(scale_probe_path), pmeta))
     cards = build_cards(cs.df, provenance, cs.meta, sig, rev)  # everything computed before anything is written
     # any source written by other code than the current (cell scores, significance, nearest reversal)
     stale = "; ".join(n for n in (source_stale_note(p, m) for p, m in sources) if n) or None
@@ -348,6 +366,8 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
         card["stale"] = stale
         if xp is not None:
             card["cross_package"] = cross_package_entry(xp, card["model"], card["benchmark"])
+        if sp is not None:
+            card["scale_probe"] = scale_probe_entry(sp, card["model"], card["benchmark"])
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []

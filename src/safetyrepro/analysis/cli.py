@@ -141,11 +141,14 @@ def register(app: typer.Typer) -> None:
               nearest_reversal: Optional[Path] = typer.Option(None, "--nearest-reversal",
                                                               help="nearest_reversal.parquet (a line per pair)"),
               cross_package: Optional[Path] = typer.Option(None, "--cross-package",
-                                                           help="cross_package.parquet (scores in other packages)")):
+                                                           help="cross_package.parquet (scores in other packages)"),
+              scale_probe: Optional[Path] = typer.Option(None, "--scale-probe",
+                                                         help="scale_probe.parquet (a line per family member)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
-        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package))
+        _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package,
+                                scale_probe))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):
