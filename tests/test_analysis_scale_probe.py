@@ -170,3 +170,55 @@ def test_write_scale_probe_stamps_and_errors(tmp_path):
     with pytest.raises(DataError, match=k3):
         write_scale_probe(cs, tmp_path / "bad", ["small,large"], significance_configs_path=short)
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_conservative_core_run_passes_every_analysis_step(tmp_path):
+    """What config/scale_probe.yaml runs: 4 models (two families), the conservative core only,
+    4 benchmarks (no CrowS-Pairs). Every analysis step of such a run succeeds, and the report
+    and the family members' cards carry the probe."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from analysis_synth import make_dataset, provenance_for
+    from safetyrepro.analysis.cli import register
+
+    def core(c):
+        return c.template in ("T1", "T2") and c.decoding == "greedy" and c.shots in ("k0", "k3") \
+            and c.scoring == "freeform"
+
+    d = make_dataset(tmp_path / "main", n_items=30, seed=5, models=["q7", "q32", "y9", "y34"],
+                     benchmarks=["truthfulqa", "bbq", "toxigen", "xstest"], configs_filter=core)
+    prov = tmp_path / "provenance.json"
+    prov.write_text(json.dumps(provenance_for(d["cells"])))
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def _root():
+        pass
+
+    t, cs, ir, items = tmp_path / "tables", str(d["cell_scores"]), str(d["item_results"]), str(d["items_dir"])
+    sc = str(t / "significance_configs.parquet")
+    for cmd in (["tables", cs, "--out-dir", str(t), "--bootstrap-samples", "50"],
+                ["significance", cs, ir, "--out-dir", str(t), "--bootstrap-samples", "50"],
+                ["variance", cs, "--out-dir", str(t)],
+                ["robustness", cs, ir, "--items-dir", items, "--out-dir", str(t)],
+                ["subsample", ir, "--items-dir", items, "--out-dir", str(t), "--repeats", "3"],
+                ["bbq-bias", cs, ir, "--items-dir", items, "--out-dir", str(t)],
+                ["nearest-reversal", cs, "--out-dir", str(t), "--significance-configs", sc],
+                ["scale-probe", cs, "--out-dir", str(t), "--family", "q7,q32", "--family", "y9,y34",
+                 "--significance-configs", sc],
+                ["cards", cs, "--provenance", str(prov), "--out-dir", str(tmp_path / "cards"),
+                 "--significance", str(t / "significance.parquet"), "--nearest-reversal",
+                 str(t / "nearest_reversal.parquet"), "--scale-probe", str(t / "scale_probe.parquet")],
+                ["figures", str(t), "--out-dir", str(tmp_path / "figs")],
+                ["report-md", str(t), "--figures-dir", str(tmp_path / "figs"), "--out", str(tmp_path / "report.md")]):
+        res = CliRunner().invoke(app, ["analyze", *cmd])
+        assert res.exit_code == 0, (cmd[0], res.output, res.exception)
+    probe = pd.read_parquet(t / "scale_probe.parquet")
+    assert len(probe) == 4 * 2 * 2 and (probe["n_configs"] == 4).all() and probe["reverses_sig"].notna().all()
+    report = (tmp_path / "report.md").read_text()
+    assert report.count("within conservative_core (4 configs, these 30 items)") == 16
+    assert len(json.loads((tmp_path / "cards" / "y34__xstest.json").read_text())["scale_probe"]) == 2
