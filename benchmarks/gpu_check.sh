@@ -8,7 +8,8 @@
 #
 # KEY: a model key of $CONFIG (default config/paper.yaml); DIR: its Hugging Face model folder
 # (config.json, tokenizer files, *.safetensors). Records: benchmarks/results/gpu_smoke.json and
-# gpu_vllm.json (OUT_DIR overrides the folder). Timeouts (seconds): T_INSTALL, T_SMOKE, T_VLLM.
+# gpu_vllm.json (OUT_DIR overrides the folder). Timeouts (seconds; their sum, 600, bounds the check):
+# T_INSTALL (make install), T_VLLM_INSTALL, T_SMOKE, T_VLLM.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=0
@@ -16,8 +17,8 @@ if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 [ $# -ge 1 ] || { echo "usage: $0 [--dry-run] KEY=DIR [KEY=DIR ...]" >&2; exit 2; }
 CONFIG=${CONFIG:-config/paper.yaml}
 OUT_DIR=${OUT_DIR:-benchmarks/results}
-T_INSTALL=${T_INSTALL:-240}; T_SMOKE=${T_SMOKE:-240}; T_VLLM=${T_VLLM:-240}
-ITEMS=${ITEMS:-32}
+T_INSTALL=${T_INSTALL:-180}; T_VLLM_INSTALL=${T_VLLM_INSTALL:-180}; T_SMOKE=${T_SMOKE:-120}; T_VLLM=${T_VLLM:-120}
+ITEMS=${ITEMS:-16}
 DIRS=()
 for kv in "$@"; do
   case "$kv" in *=*) ;; *) echo "error: expected KEY=DIR, got '$kv'" >&2; exit 2;; esac
@@ -47,12 +48,12 @@ fi
 timeout "$T_INSTALL" make install || { echo "gpu_check: make install failed or timed out" >&2; exit 1; }
 # vLLM pins its own torch: a separate venv, so the project's venv stays as `make install` made it
 if [ ! -x .venv-vllm/bin/python ]; then
-  timeout "$T_INSTALL" bash -c 'python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -q vllm && .venv-vllm/bin/pip install -q -e .' \
+  timeout "$T_VLLM_INSTALL" bash -c 'python3 -m venv .venv-vllm && .venv-vllm/bin/pip install -q vllm && .venv-vllm/bin/pip install -q -e .' \
     || { echo "gpu_check: vLLM install failed or timed out (the smoke part still runs)" >&2; status=3; }
 fi
 local_config .venv/bin/python "${@}" || exit 2
 timeout "$T_SMOKE" .venv/bin/python benchmarks/gpu_smoke.py --config "$TMP/config.yaml" \
-  --items "$ITEMS" --out "$OUT_DIR" || status=$?
+  --items "$ITEMS" --oom-items 8 --extrapolate-items 4 --out "$OUT_DIR" || status=$?
 if [ -x .venv-vllm/bin/python ]; then
   timeout "$T_VLLM" .venv-vllm/bin/python benchmarks/gpu_vllm.py --config "$CONFIG" "${DIRS[@]}" \
     --items "$ITEMS" --out "$OUT_DIR" || status=$?
