@@ -16,7 +16,7 @@ from safetyrepro.errors import ConfigError
 from safetyrepro.inference import Stream
 from safetyrepro.inference.sampling import item_seed
 from safetyrepro.perf.vllm_compare import GroupRequests, compare_answers, local_model_config, sampling_params
-from workflow_support import DATA, ROOT
+from workflow_support import ROOT, smol_truthfulqa_config
 
 
 def _req(items, prompts=None):
@@ -79,17 +79,8 @@ def test_gpu_check_refuses_a_folder_without_config_json(tmp_path):
 
 
 @pytest.mark.slow  # loads the embedded SmolLM2 (prepared first) twice on the CPU
-def test_gpu_check_dry_run_writes_both_records(tmp_path, default_cfg):
-    from safetyrepro.models import prepare_model
-
-    folder = prepare_model(default_cfg, "smollm2-135m", progress=False)
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    cfg["models"] = {"smollm2-135m": cfg["models"]["smollm2-135m"]}
-    cfg["benchmarks"] = {"truthfulqa": {"n_items": 300}}
-    cfg["data"]["local_dir"] = str(DATA)
-    cfg["runtime"].update(resources_dir=str(ROOT / "resources"), results_dir=str(tmp_path / "results"))
-    path = tmp_path / "check.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+def test_gpu_check_dry_run_writes_both_records(tmp_path):
+    folder, path = smol_truthfulqa_config(tmp_path)
     env = {"CONFIG": str(path), "OUT_DIR": str(tmp_path / "out"), "PY": sys.executable, "PATH": "/usr/bin:/bin"}
     r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", f"smollm2-135m={folder}"],
                        capture_output=True, text=True, timeout=1200, cwd=ROOT,
