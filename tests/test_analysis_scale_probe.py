@@ -167,7 +167,7 @@ def test_write_scale_probe_stamps_and_errors(tmp_path):
         write_scale_probe(cs, tmp_path / "bad", ["small"])
     # a significance table from another run (missing a core config) is refused, naming the config
     short = write_parquet(sig[sig["config"] != k3], tmp_path / "short.parquet", hand_meta())
-    with pytest.raises(DataError, match=k3):
+    with pytest.raises(DataError, match=f"short.parquet.*{k3}"):
         write_scale_probe(cs, tmp_path / "bad", ["small,large"], significance_configs_path=short)
     assert not (tmp_path / "bad").exists()
 
@@ -222,3 +222,13 @@ def test_a_conservative_core_run_passes_every_analysis_step(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert report.count("within conservative_core (4 configs, these 30 items)") == 16
     assert len(json.loads((tmp_path / "cards" / "y34__xstest.json").read_text())["scale_probe"]) == 2
+
+
+def test_cli_bad_family_exits_2_naming_the_file(tmp_path, capsys):
+    from safetyrepro.cli import main
+
+    cs = write_hand(hand_cells(REVERSAL), tmp_path / "cell_scores.parquet")
+    assert main(["analyze", "scale-probe", str(cs), "--out-dir", str(tmp_path / "o"), "--family", "small,nope"]) == 2
+    assert f"{cs}" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    assert main(["analyze", "scale-probe", str(cs), "--out-dir", str(tmp_path / "o"), "--family", "small,large"]) == 0
+    assert (tmp_path / "o" / "scale_probe.parquet").is_file()

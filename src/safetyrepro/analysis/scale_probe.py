@@ -101,11 +101,12 @@ def oriented_sig(sig: SigSigns | None, benchmark: str, x: str, y: str) -> dict[s
     return dict(got) if x == a else {c: -s for c, s in got.items()}
 
 
-def _sig_vector(sig: dict[str, int], configs: list[str], benchmark: str, x: str, y: str) -> np.ndarray:
+def _sig_vector(sig: dict[str, int], configs: list[str], benchmark: str, x: str, y: str,
+                source: str | Path) -> np.ndarray:
     missing = [c for c in configs if c not in sig]
     if missing:
-        raise DataError("significance_configs", f"({benchmark}, {x} vs {y}): no row for config {missing[0]!r} "
-                                                "of the cell scores (tables from different runs?)")
+        raise DataError(source, f"({benchmark}, {x} vs {y}): no row for config {missing[0]!r} "
+                                "of the cell scores (tables from different runs?)")
     return np.array([sig[c] for c in configs], dtype=int)
 
 
@@ -125,11 +126,12 @@ def _sig_state(sig: SigSigns | None, *pairs) -> tuple[list | None, str]:
 
 def probe_tables(df: pd.DataFrame, families: Sequence[Family], sig: SigSigns | None = None,
                  tol: float | None = None, sub_envelope: str = SUB_ENVELOPE, models: Sequence[str] | None = None,
-                 benchmarks: Sequence[str] | None = None) -> dict[str, pd.DataFrame]:
+                 benchmarks: Sequence[str] | None = None, source: str | Path = "cell_scores",
+                 sig_source: str | Path = "significance_configs") -> dict[str, pd.DataFrame]:
     """``scale_probe`` and ``scale_probe_pairs`` (module doc) from cell rows already restricted
     to the sub-envelope (complete configs only; :func:`sub_envelope_cells`). ``models`` and
     ``benchmarks``: the run's (default: those of ``df``); a benchmark without rows in ``df``
-    gets |C| = 0 rows."""
+    gets |C| = 0 rows. ``source`` / ``sig_source``: the tables' paths, named in errors."""
     probe, pairs = [], []
     models = sorted(models if models is not None else df["model"].unique())
     for b in sorted(benchmarks if benchmarks is not None else df["benchmark"].unique()):
@@ -151,7 +153,7 @@ def probe_tables(df: pd.DataFrame, families: Sequence[Family], sig: SigSigns | N
                 continue
             for m in (small, large):
                 if m not in g.models:
-                    raise DataError("cell_scores", f"benchmark {b!r}: scale-probe model {m!r} has no cell in "
+                    raise DataError(source, f"benchmark {b!r}: scale-probe model {m!r} has no cell in "
                                                    f"{sub_envelope}")
             for c in thirds:
                 s_s = diff_sign(g.column(small), g.column(c), tol)
@@ -164,7 +166,7 @@ def probe_tables(df: pd.DataFrame, families: Sequence[Family], sig: SigSigns | N
                 got, row["significance"] = _sig_state(sig, (b, small, c), (b, large, c))
                 row["reversed_sig_configs"] = ""
                 if got is not None:
-                    q_s, q_l = (_sig_vector(v, g.configs, b, x, c) for v, x in zip(got, (small, large)))
+                    q_s, q_l = (_sig_vector(v, g.configs, b, x, c, sig_source) for v, x in zip(got, (small, large)))
                     srev = q_s * q_l < 0
                     row.update(n_reversed_sig=int(srev.sum()), reverses_sig=bool(srev.any()),
                                reversed_sig_configs=",".join(np.asarray(g.configs)[srev]))
@@ -173,7 +175,7 @@ def probe_tables(df: pd.DataFrame, families: Sequence[Family], sig: SigSigns | N
             prow = {**base, **{k: st[k] for k in ("n_plus", "n_minus", "n_zero", "rho_flip")}, "note": ""}
             got, prow["significance"] = _sig_state(sig, (b, small, large))
             if got is not None:
-                q = _sig_vector(got[0], g.configs, b, small, large)
+                q = _sig_vector(got[0], g.configs, b, small, large, sig_source)
                 np_, nm = int(np.sum(q > 0)), int(np.sum(q < 0))
                 prow.update(n_plus_sig=np_, n_minus_sig=nm, rho_flip_sig=min(np_, nm) / len(g.configs))
             pairs.append(prow)
@@ -233,7 +235,8 @@ def write_scale_probe(cell_scores_path: str | Path, out_dir: str | Path, familie
             raise DataError(significance_configs_path, str(exc)) from None
     core = sub_envelope_cells(cs.df, rules, sub_envelope)
     tables = probe_tables(core, fams, sig, tol, sub_envelope, models=cs.df["model"].unique(),
-                          benchmarks=cs.df["benchmark"].unique())
+                          benchmarks=cs.df["benchmark"].unique(), source=cs.path,
+                          sig_source=significance_configs_path or "significance_configs")
     params = {"families": [list(f) for f in fams], "sub_envelope": sub_envelope, "rules": rules.path, "tol": tol,
               "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
               "significance": "significance_configs (Holm over the pair's configs of the run's envelope)"
