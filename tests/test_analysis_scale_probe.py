@@ -204,7 +204,7 @@ def test_a_conservative_core_run_passes_every_analysis_step(tmp_path):
     for cmd in (["tables", cs, "--out-dir", str(t), "--bootstrap-samples", "50"],
                 ["significance", cs, ir, "--out-dir", str(t), "--bootstrap-samples", "50"],
                 ["variance", cs, "--out-dir", str(t)],
-                ["robustness", cs, ir, "--items-dir", items, "--out-dir", str(t)],
+                ["robustness", cs, ir, "--out-dir", str(t)],
                 ["subsample", ir, "--items-dir", items, "--out-dir", str(t), "--repeats", "3"],
                 ["bbq-bias", cs, ir, "--items-dir", items, "--out-dir", str(t)],
                 ["nearest-reversal", cs, "--out-dir", str(t), "--significance-configs", sc],

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "analysis": {"parse_clean_threshold": 0.95, "bootstrap_samples": 1000, "bootstrap_seed": 7,
                  "subsample_fraction": 0.8, "subsample_repeats": 20,
                  "nominal_config": "T1-greedy-k0-freeform", "precision_check": False, "alpha": 0.05,
+                 "significance_family": "pair", "significance_correction": "maxt", "resampling_samples": None,
                  "cross_package": False, "cross_package_lmeval_loop": "shared-context"},
 }
 

@@ -29,28 +29,36 @@ def register(app: typer.Typer) -> None:
                bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
                bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
                tol: float = typer.Option(0.0, "--tol", help="|score difference| <= tol is a tie"),
-               rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)")):
+               rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)"),
+               item_results: Optional[Path] = typer.Option(None, "--item-results",
+                                                           help="item_results.parquet: noise columns in Tables 2 and 4"),
+               noise_samples: Optional[int] = typer.Option(None, "--noise-samples",
+                                                           help="draws of the noise references (default 2000)")):
         """Tables 2-4, parse-clean, tau_R with the total-order change rate and the bootstrap
-        intervals over configurations."""
+        intervals over configurations; with --item-results the noise references beside rho_flip."""
         from .tables import write_paper_tables
 
         _echo_paths(write_paper_tables(cell_scores, out_dir, threshold=threshold,
                                        bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol,
-                                       rules_path=rules))
+                                       rules_path=rules, item_results_path=item_results,
+                                       noise_samples=noise_samples))
 
     @analyze.command("significance")
     def significance(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
                      item_results: Path = typer.Argument(..., help="item_results.parquet"),
                      out_dir: Path = typer.Option(..., "--out-dir"),
-                     alpha: float = typer.Option(0.05, "--alpha", help="level; Holm-corrected over configs"),
-                     bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples"),
-                     bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
+                     alpha: float = typer.Option(0.05, "--alpha", help="family-wise level"),
+                     samples: Optional[int] = typer.Option(None, "--samples", "--bootstrap-samples",
+                                                           help="resampling draws (default: enough to reach alpha)"),
+                     seed: int = typer.Option(0, "--seed", "--bootstrap-seed"),
+                     family: str = typer.Option("pair", "--family", help="pair | benchmark | table"),
+                     correction: str = typer.Option("maxt", "--correction", help="maxt | holm"),
                      tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
-        """Item-level significance: paired tests per config, rho_flip_sig, crossover test, item bootstrap."""
+        """Item-level verdicts against noise: noise references, per-config tests, rho_flip_sig, crossover, power."""
         from .significance import write_significance
 
-        _echo_paths(write_significance(cell_scores, item_results, out_dir, alpha=alpha,
-                                       samples=bootstrap_samples, seed=bootstrap_seed, tol=tol))
+        _echo_paths(write_significance(cell_scores, item_results, out_dir, alpha=alpha, samples=samples, seed=seed,
+                                       family=family, correction=correction, tol=tol))
 
     @analyze.command("nearest-reversal")
     def nearest_reversal(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
@@ -77,13 +85,12 @@ def register(app: typer.Typer) -> None:
 
     @analyze.command("robustness")
     def robustness(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
-                   items_dir: Path = typer.Option(..., "--items-dir", help="folder of <benchmark>.parquet item tables"),
                    out_dir: Path = typer.Option(..., "--out-dir"),
                    nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config")):
-        """Consistency vs random baseline, SD, drop rate, consistency-performance regression."""
+        """Consistency vs random baseline, SDs (cells, items), drop rate, consistency-performance regression."""
         from .robustness import write_robustness
 
-        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config, items_dir=items_dir))
+        _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config))
 
     @analyze.command("bbq-bias")
     def bbq_bias(cell_scores: Path = typer.Argument(...), item_results: Path = typer.Argument(...),
@@ -142,13 +149,15 @@ def register(app: typer.Typer) -> None:
                                                               help="nearest_reversal.parquet (a line per pair)"),
               cross_package: Optional[Path] = typer.Option(None, "--cross-package",
                                                            help="cross_package.parquet (scores in other packages)"),
+              precision: Optional[Path] = typer.Option(None, "--precision",
+                                                       help="precision.parquet, precision_cells.parquet beside it"),
               scale_probe: Optional[Path] = typer.Option(None, "--scale-probe",
                                                          help="scale_probe.parquet (a line per family member)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
         _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package,
-                                scale_probe))
+                                precision, scale_probe))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):

@@ -12,7 +12,8 @@ claim about how verdicts change with model size in general.
   *reverses* the verdict against C at config c when sign_s(c) * sign_l(c) < 0 (one is strictly
   ahead of C, the other strictly behind; a tie on either side is no reversal). It reverses
   *significantly* at c when both differences are significant in opposite directions by the
-  item-level analysis (``significance_configs``: paired per-config tests, Holm over the
+  item-level analysis (the ``ahead`` column of ``significance_configs``: paired per-config
+  tests, family-wise corrected as the run's significance step sets, by default over the
   pair's configs of the run's envelope). Without that table, or for a benchmark it skipped
   (CrowS-Pairs' parity score), the significant part is not computed and the row says so.
 * ``scale_probe_pairs`` (one row per benchmark and family): small vs large directly over the
@@ -121,7 +122,7 @@ def _sig_state(sig: SigSigns | None, *pairs) -> tuple[list | None, str]:
     got = [oriented_sig(sig, *p) for p in pairs]
     if any(g is None for g in got):
         return None, NO_SIG_BENCH
-    return got, "item-level: significance_configs (Holm over the pair's configs of the run's envelope)"
+    return got, "item-level: significance_configs (its family-wise corrected per-config tests)"
 
 
 def probe_tables(df: pd.DataFrame, families: Sequence[Family], sig: SigSigns | None = None,
@@ -239,7 +240,7 @@ def write_scale_probe(cell_scores_path: str | Path, out_dir: str | Path, familie
                           sig_source=significance_configs_path or "significance_configs")
     params = {"families": [list(f) for f in fams], "sub_envelope": sub_envelope, "rules": rules.path, "tol": tol,
               "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
-              "significance": "significance_configs (Holm over the pair's configs of the run's envelope)"
+              "significance": "significance_configs (its family-wise corrected per-config tests)"
               if sig is not None else "not computed (no item-level significance given)",
               "scope": "within the sub-envelope, on the run's items; not a scaling law"}
     return write_tables("scale-probe", tables, out_dir, lambda name: output_metadata(
