@@ -44,7 +44,8 @@ def run(tmp_path_factory):
          "--bootstrap-seed", "1"],
         ["analyze", "variance", cs, "--out-dir", str(tables)],
         ["analyze", "robustness", cs, ir, "--out-dir", str(tables)],
-        ["analyze", "subsample", ir, "--items-dir", items, "--out-dir", str(tables), "--repeats", "5"],
+        ["analyze", "subsample", ir, "--items-dir", items, "--out-dir", str(tables), "--repeats", "5",
+         "--seed", "1", "--noise-samples", "200"],
         ["analyze", "bbq-bias", cs, ir, "--items-dir", items, "--out-dir", str(tables)],
         ["analyze", "precision", cs, str(bf["cell_scores"]), "--out-dir", str(tables)],
         ["analyze", "nearest-reversal", cs, "--out-dir", str(tables),
@@ -167,6 +168,10 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     assert (t2b["max_rho_flip_null_p"] == sb.loc[t2b.index, "max_rho_flip_null_p"]).all()
     assert (sb["max_rho_flip"] == t2b.loc[sb.index, "max_rho_flip"]).all()
     assert (t4["max_rho_flip_null_q95"].dropna() <= 0.5).all() and t4["orderings_null_mean"].notna().any()
+    sub = pd.read_parquet(run["tables"] / "subsample_stability.parquet").set_index("benchmark")
+    # the all-items noise reference of the max rho_flip is the significance table's (same stream)
+    assert (sub.loc[sb.index, "max_rho_flip_null_q95_all_items"] == sb["max_rho_flip_null_q95"]).all()
+    assert sub["max_rho_flip_null_q95_sub"].between(0, 0.5).all()
     boot = pd.read_parquet(run["tables"] / "bootstrap.parquet")
     assert (boot["ci_low"] <= boot["ci_high"]).all() and set(boot["samples"]) == {200}
     anova = pd.read_parquet(run["tables"] / "anova.parquet").set_index("benchmark")

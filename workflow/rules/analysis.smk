@@ -131,11 +131,16 @@ rule subsample_stability:
         repeats=ANALYSIS["subsample_repeats"],
         seed=ANALYSIS["bootstrap_seed"],
         rules=RUN.rules.path,
+        noise_samples=(
+            ""
+            if ANALYSIS["resampling_samples"] is None
+            else f"--noise-samples {int(ANALYSIS['resampling_samples'])}"
+        ),
     shell:
         '"$PY" -m safetyrepro analyze subsample {input.item_results:q} --items-dir {params.items_dir:q}'
         " --out-dir {params.out_dir:q}"
         " --fraction {params.fraction:q} --repeats {params.repeats:q} --seed {params.seed:q}"
-        " --rules {params.rules:q} > {log:q} 2>&1"
+        " --rules {params.rules:q} {params.noise_samples} > {log:q} 2>&1"
 
 
 rule bbq_bias:

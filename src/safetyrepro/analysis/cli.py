@@ -105,12 +105,15 @@ def register(app: typer.Typer) -> None:
     def subsample(item_results: Path = typer.Argument(...), items_dir: Path = typer.Option(..., "--items-dir"),
                   out_dir: Path = typer.Option(..., "--out-dir"), fraction: float = typer.Option(0.8, "--fraction"),
                   repeats: int = typer.Option(20, "--repeats"), seed: int = typer.Option(0, "--seed"),
-                  rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)")):
-        """Cell-score ranges and core-ordering changes under stratified item subsamples."""
+                  rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)"),
+                  noise_samples: Optional[int] = typer.Option(None, "--noise-samples",
+                                                              help="draws of the noise reference (default 2000)")):
+        """Cell-score ranges and core-ordering changes under stratified item subsamples, with the
+        max rho_flip's noise reference on all items and on a subsample."""
         from .subsample import write_subsample_stability
 
         _echo_paths(write_subsample_stability(item_results, items_dir, out_dir, fraction, repeats, seed,
-                                              rules_path=rules))
+                                              rules_path=rules, noise_samples=noise_samples))
 
     @analyze.command("precision")
     def precision(main_scores: Path = typer.Argument(..., help="main (NF4) cell_scores.parquet"),

@@ -203,7 +203,9 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "ordering_change_rate": "ordering changed (share of config x repeat)",
         "configs_changed_any": "configs ever changed", "n_configs": "|C|",
         "max_rho_flip_all_items": "max rho_flip (all items)", "max_rho_flip_sub_min": "min over repeats",
-        "max_rho_flip_sub_median": "median", "max_rho_flip_sub_max": "max"})))
+        "max_rho_flip_sub_median": "median", "max_rho_flip_sub_max": "max",
+        "max_rho_flip_null_q95_all_items": "noise q95 (all items)", "max_rho_flip_null_p_all_items": "noise p",
+        "max_rho_flip_null_q95_sub": "noise q95 (subsample)", "noise_note": "note"})))
     out += ["", "rho_flip per pair on the subsamples (distribution over repeats; full envelope):", ""]
 
     def sub_rho(d: pd.DataFrame) -> str:
