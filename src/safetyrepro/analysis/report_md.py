@@ -288,7 +288,27 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out += [""]
     if "cross_package" in loaded:
         out += cross_package_section(section, figures_dir, out_path)
+    if "scale_probe" in loaded:
+        out += scale_probe_section(section)
     return "\n".join(out) + "\n"
+
+
+def scale_probe_section(section) -> list[str]:
+    """The scale probe (docs/VERDICTS.md): a bounded statement per benchmark, family and third model."""
+    from .scale_probe import probe_line
+
+    out = ["## Scale probe: a larger sibling in place of a model", "",
+           "Per benchmark: does swapping each family's small model for its large sibling reverse the verdict "
+           "against a third model on some config of the sub-envelope (strict signs; significantly: both "
+           "differences item-level significant in opposite directions)? Bounded: within this sub-envelope and "
+           "on these items, not a scaling law.", ""]
+    out.append(section("scale_probe", lambda d: "\n".join(f"- {probe_line(r)}" for r in d.to_dict("records"))))
+    out += ["", "Small vs large directly, over the same configs (N+ = small ahead):", ""]
+    out.append(section("scale_probe_pairs", lambda d: md_table(d, {
+        "benchmark": "benchmark", "small": "small", "large": "large", "n_configs": "|C|", "n_plus": "N+",
+        "n_minus": "N-", "n_zero": "N0", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
+        "rho_flip_sig": "rho_flip_sig", "note": "note"})))
+    return out + [""]
 
 
 def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[str]:
