@@ -168,6 +168,14 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     assert (t2b["max_rho_flip_null_p"] == sb.loc[t2b.index, "max_rho_flip_null_p"]).all()
     assert (sb["max_rho_flip"] == t2b.loc[sb.index, "max_rho_flip"]).all()
     assert (t4["max_rho_flip_null_q95"].dropna() <= 0.5).all() and t4["orderings_null_mean"].notna().any()
+    # every table that has rho_flip carries its noise reference
+    for name, col in (("table3", "rho_flip_null_p"), ("parse_clean", "max_rho_flip_null_p"),
+                      ("bootstrap", "rho_flip_null_p")):
+        t = pd.read_parquet(run["tables"] / f"{name}.parquet")
+        assert t[col].between(0, 1).all() and (t["noise_note"] == "").all(), name
+    bt = pd.read_parquet(run["tables"] / "bootstrap.parquet").set_index(["benchmark", "statistic"])
+    for b in sb.index:
+        assert bt.loc[(b, "max"), "rho_flip_null_p"] == sb.loc[b, "max_rho_flip_null_p"]
     sub = pd.read_parquet(run["tables"] / "subsample_stability.parquet").set_index("benchmark")
     # the all-items noise reference of the max rho_flip is the significance table's (same stream)
     assert (sub.loc[sb.index, "max_rho_flip_null_q95_all_items"] == sb["max_rho_flip_null_q95"]).all()

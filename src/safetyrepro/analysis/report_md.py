@@ -140,7 +140,7 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("table3", lambda d: md_table(d, {
         "benchmark": "benchmark", "slice": "slice", "decoding_support": "decodings", "pair": "pair",
         "n_plus": "N+", "n_minus": "N-", "n_zero": "N0", "n_configs": "|C|", "rho_flip": "rho_flip",
-        "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
+        "rho_flip_null_p": "noise p", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
         "matched_to_logprob_decoding": "matched to logprob"})))
 
     out += ["", "## Table 4: envelopes (full, core, full minus T4, full minus T=0.7, conservative core)", ""]
@@ -156,6 +156,7 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("parse_clean", lambda d: md_table(d, {
         "benchmark": "benchmark", "threshold": "min parse rate", "n_configs_total": "|C| full",
         "n_configs_left": "|C| left", "max_rho_flip": "max rho_flip", "max_pair": "pair",
+        "max_rho_flip_null_q95": "noise q95", "max_rho_flip_null_p": "noise p",
         "orderings_reachable": "orderings", "max_rho_flip_full": "max rho_flip (full)", "note": "note"})))
 
     out += ["", "## tau_R and the total-order change rate", "",
@@ -178,7 +179,7 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
             "value up, so read it against the noise references above.", ""]
     boot_cols = {"benchmark": "benchmark", "statistic": "rho_flip of", "resamples": "resamples",
                  "n_configs": "|C|", "estimate": "estimate", "ci_low": "2.5%", "ci_high": "97.5%",
-                 "samples": "B", "seed": "seed"}
+                 "rho_flip_null_q95": "noise q95", "rho_flip_null_p": "noise p", "samples": "B", "seed": "seed"}
     out.append(section("bootstrap", lambda d: md_table(d, boot_cols)))
     out.append("")
     out.append(section("bootstrap_items", lambda d: md_table(d, boot_cols)))
