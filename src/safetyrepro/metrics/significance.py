@@ -220,20 +220,28 @@ class BenchNull:
 
 
 def _orders(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(reachable strict orders, order change rate) per leading index of signs[..., config, pair]."""
+    """(reachable strict orders, order change rate) per leading index of signs[..., config, pair]:
+    each config's sign vector is one code; sorted codes give the distinct orders and their sizes."""
     n_pairs = signs.shape[-1]
     codes = ((signs.astype(np.int64) + 1) * (3 ** np.arange(n_pairs, dtype=np.int64))).sum(axis=-1)
     strict = np.all(signs != 0, axis=-1)
     lead = codes.reshape(-1, codes.shape[-1])
-    st = strict.reshape(lead.shape)
-    n_cfg = lead.shape[1]
-    reach = np.empty(lead.shape[0])
-    change = np.empty(lead.shape[0])
+    rows, n_cfg = lead.shape
+    if n_cfg == 0:
+        nan = np.full(codes.shape[:-1], np.nan)
+        return np.zeros(codes.shape[:-1]), nan
+    srt = np.sort(lead, axis=1)
+    new = np.ones((rows, n_cfg), dtype=bool)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    gid = np.cumsum(new, axis=1) - 1 + (np.arange(rows) * n_cfg)[:, None]
+    k = np.bincount(gid.ravel(), minlength=rows * n_cfg).reshape(rows, n_cfg).astype(float)
     pairs_total = n_cfg * (n_cfg - 1) / 2
-    for r in range(lead.shape[0]):
-        reach[r] = np.unique(lead[r][st[r]]).size
-        _, k = np.unique(lead[r], return_counts=True)
-        change[r] = (pairs_total - (k * (k - 1) / 2).sum()) / pairs_total if pairs_total else np.nan
+    change = (pairs_total - (k * (k - 1) / 2).sum(axis=1)) / pairs_total if pairs_total else np.full(rows, np.nan)
+    strict_codes = np.where(strict.reshape(rows, n_cfg), lead, -1)
+    ss = np.sort(strict_codes, axis=1)
+    first = np.ones((rows, n_cfg), dtype=bool)
+    first[:, 1:] = ss[:, 1:] != ss[:, :-1]
+    reach = (first & (ss >= 0)).sum(axis=1).astype(float)
     return reach.reshape(codes.shape[:-1]), change.reshape(codes.shape[:-1])
 
 
