@@ -108,15 +108,16 @@ def test_aggregation_carries_exact_fractions_and_the_tie_survives(plan):
     pair = pairwise_table(cells).iloc[0]
     assert (pair["n_plus"], pair["n_minus"], pair["n_zero"], pair["tie_rule"]) == (1, 0, 1, "exact")
     assert pair["d1"] and not pair["d2"]
-    # item level: the same tie, no test run on it; greedy 9 vs 5 of 12 via exact McNemar
+    # item level: the same tie, no test run on it; greedy 9 vs 5 of 12 by the exact sign flip (McNemar)
     g = item_grid_from_results(items, "xstest")
     assert g.exact and g.den.tolist() == [[1, 5], [1, 5]]
-    pairs, cfgs, _ = analyse_grid(g, samples=200, seed=3)
-    by_cfg = {r["config"]: r for r in cfgs}
+    out = analyse_grid(g, samples=200, seed=3)
+    by_cfg = {r["config"]: r for r in out["significance_configs"].to_dict("records")}
     tie = by_cfg["T1-t0.7-k0-freeform"]
     assert tie["test"] == "none (tie)" and tie["p_value"] == 1.0 and not tie["significant"]
-    assert by_cfg["T1-greedy-k0-freeform"]["test"] == "mcnemar_exact"
-    assert pairs[0]["n_zero"] == 1 and pairs[0]["rho_flip_sig"] == 0.0
+    assert by_cfg["T1-greedy-k0-freeform"]["test"].startswith("sign_flip_exact")
+    pair = out["significance"].iloc[0]
+    assert pair["n_zero"] == 1 and pair["rho_flip_sig"] == 0.0
 
 
 def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):

@@ -41,7 +41,9 @@ def test_weak_ranks():
 def test_precision_check_by_hand():
     main, bf = tables()
     summary, cells = precision_check(main, bf, load_rules())
-    assert list(summary["benchmark"]) == ["bbq", "ALL"]
+    # CrowS-Pairs' T1-greedy-k0-logprob is a precision-check config: in the main table only here
+    assert list(summary["benchmark"]) == ["bbq", "crows_pairs", "ALL"]
+    assert summary.set_index("benchmark").loc["crows_pairs", "n_cells_main_only"] == 3
     s = summary.set_index("benchmark").loc["bbq"]
     assert s.n_cells_paired == 11 and s.n_cells_main_only == 1 and s.n_cells_bf16_only == 0
     # 11 |diffs|: seven 0, .01, .05, .05, .2
@@ -52,6 +54,34 @@ def test_precision_check_by_hand():
     assert (s.quantization_main, s.quantization_bf16) == ("nf4", "bf16")
     assert summary.set_index("benchmark").loc["ALL", "n_cells_paired"] == 11
     assert set(cells["config"]) == {K1, K2, K3, K4} and len(cells) == 11
+    assert s.orderings_agree == "2 of 3"
+
+
+def test_precision_check_pairs_crows_pairs_zero_shot_logprob_configs():
+    # CrowS-Pairs has no free-form path: its T1/T2 zero-shot logprob configs are checked
+    # (the paper's 18th and 17th pairs), its 3-shot and T3 ones are not
+    main, bf = tables()
+    crows = {"T1-greedy-k0-logprob": ((0.5, 0.5, 0.5), (0.6, 0.5, 0.4)),   # tie -> strict: differs
+             "T2-greedy-k0-logprob": ((0.7, 0.5, 0.3), (0.65, 0.5, 0.35)),  # same order
+             "T1-greedy-k3-logprob": ((0.1, 0.2, 0.3), (0.9, 0.9, 0.9)),    # outside the check
+             "T3-greedy-k0-logprob": ((0.1, 0.2, 0.3), (0.9, 0.9, 0.9))}
+    main = main[main["benchmark"] != "crows_pairs"]
+    main = pd.concat([main, hand_cells([(m, "crows_pairs", c, s) for c, (ss, _) in crows.items()
+                                        for m, s in zip("ABC", ss)])], ignore_index=True)
+    bf = pd.concat([bf, hand_cells([(m, "crows_pairs", c, s) for c, (_, ss) in crows.items()
+                                    for m, s in zip("ABC", ss)], quantization="bf16")], ignore_index=True)
+    summary, cells = precision_check(main, bf, load_rules())
+    s = summary.set_index("benchmark")
+    c = s.loc["crows_pairs"]
+    assert (c.n_cells_paired, c.n_cells_main_only, c.n_cells_bf16_only) == (6, 0, 0)
+    # |diffs| .1, 0, .1, .05, 0, .05
+    assert c.abs_diff_median == pytest.approx(0.05) and c.abs_diff_mean == pytest.approx(0.3 / 6)
+    assert c.abs_diff_max == pytest.approx(0.1) and c.orderings_agree == "1 of 2"
+    a = s.loc["ALL"]
+    assert a.n_cells_paired == 17 and a.abs_diff_max == pytest.approx(0.2)
+    assert (a.n_configs_paired, a.n_orderings_match, a.orderings_agree) == (5, 3, "3 of 5")
+    assert set(cells.loc[cells["benchmark"] == "crows_pairs", "config"]) == {
+        "T1-greedy-k0-logprob", "T2-greedy-k0-logprob"}
 
 
 def test_write_precision_check(tmp_path):
@@ -70,7 +100,7 @@ def test_write_precision_check(tmp_path):
         write_precision_check(pm, other, tmp_path / "out2")
     # nothing to pair
     none = write_hand(hand_cells([(m, "bbq", OUTSIDE[0], 0.5) for m in "ABC"]), tmp_path / "none.parquet")
-    with pytest.raises(DataError, match="no conservative_core cell pairs"):
+    with pytest.raises(DataError, match=r"no precision-check \(conservative_core\) cell pairs"):
         write_precision_check(pm, none, tmp_path / "out3")
     assert not (tmp_path / "out3").exists()
 
@@ -166,3 +196,30 @@ def test_provenance_forms_and_write_cards(tmp_path):
     assert "# GRID card: B on bbq" in md and "| rules stamp |" in md and "flips" in md
     index = json.loads(paths["index"].read_text())
     assert len(index["cards"]) == 3 and index["rules_stamp"] == hand_meta()["rules_stamp"]
+
+
+def test_cards_carry_the_precision_check(tmp_path):
+    # card_cells() as the main run (K1-K3 of bbq); bf16: A moves by .1 in K1 (order kept),
+    # B and C swap in K2 (order differs), K3 unchanged -> 2 of 3 orderings agree
+    main = write_hand(card_cells(), tmp_path / "cs.parquet")
+    bf = card_cells()
+    bf["quantization"] = "bf16"
+    bf.loc[(bf["model"] == "A") & (bf["config"] == K1), "score"] = 0.8
+    bf.loc[(bf["model"] == "B") & (bf["config"] == K2), "score"] = 0.4
+    prec = write_precision_check(main, write_hand(bf, tmp_path / "bf.parquet"), tmp_path / "tables")
+    prov_file = tmp_path / "prov.json"
+    prov_file.write_text(json.dumps(provenance()))
+    paths = write_cards(main, prov_file, tmp_path / "cards", precision_path=prec["precision"])
+    a = json.loads(paths["A__bbq.json"].read_text())["precision_check"]
+    assert (a["n_cells"], a["orderings_agree"], a["quantization_main"]) == (3, "2 of 3", "nf4")
+    assert a["abs_diff_max"] == pytest.approx(0.1) and a["abs_diff_median"] == pytest.approx(0.0)
+    b = json.loads(paths["B__bbq.json"].read_text())["precision_check"]
+    assert b["abs_diff_mean"] == pytest.approx(0.2 / 3)
+    md = paths["A__bbq.md"].read_text()
+    assert "## BF16 vs NF4 (precision check)" in md
+    assert "median 0.000, mean 0.033, max 0.100; the model ordering on this benchmark agrees on 2 of 3" in md
+    index = json.loads(paths["index"].read_text())
+    assert [s["path"] for s in index["sources"]][1:] == [str(prec["precision"]), str(prec["precision_cells"])]
+    # without the option the cards have no such block
+    plain = write_cards(main, prov_file, tmp_path / "cards2")
+    assert "precision_check" not in json.loads(plain["A__bbq.json"].read_text())

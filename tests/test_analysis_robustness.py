@@ -1,4 +1,5 @@
-"""Consistency, its random baseline, SD, drop rate and the regression on hand-made items."""
+"""Consistency, its random baseline, the cell and per-item SDs, drop rate and the regression
+on hand-made items."""
 
 import math
 
@@ -7,7 +8,7 @@ import pandas as pd
 import pytest
 
 from analysis_synth import hand_cells, hand_meta, write_hand
-from safetyrepro.analysis.robustness import (item_answer_space, p_same, regression, robustness_table,
+from safetyrepro.analysis.robustness import (item_sd_summary, random_baseline, regression, robustness_table,
                                              write_robustness)
 from safetyrepro.errors import DataError
 from safetyrepro.io import read_metadata, write_parquet
@@ -16,21 +17,15 @@ C1, C2, C3 = "T1-greedy-k0-freeform", "T2-greedy-k0-freeform", "T3-t0.3-k3-freef
 LP = "T1-greedy-k0-logprob"
 
 
-def test_p_same_by_hand():
-    # overall performance p = 0.5, m = 3 configs, k = 3 options, one correct:
-    # all right 0.5^3 = 0.125; all wrong 0.125, on the same one of the 2 wrong answers 2 * (1/2)^3 = 1/4
-    assert p_same(0.5, 3, [3])[0] == pytest.approx(0.125 + 0.125 / 4)
-    # k = 2: a wrong answer is the wrong answer
-    assert p_same(0.5, 3, [2])[0] == pytest.approx(0.125 + 0.125)
-    # XSTest unsafe prompt: comply / refuse / partial, refuse and partial correct (g = 2):
-    # all right on the same correct label 0.125 * 2 * (1/2)^3 = 0.03125; all comply 0.125
-    assert p_same(0.5, 3, [3], [2])[0] == pytest.approx(0.03125 + 0.125)
-    # every answer correct: no wrong term
-    assert p_same(0.5, 2, [2], [2])[0] == pytest.approx(0.25 * 0.5)
-    assert p_same(1.0, 2, [4])[0] == 1.0 and p_same(0.0, 2, [2])[0] == 1.0
-    for bad in [(0.5, 1, [1]), (1.5, 2, [2]), (0.5, 2, [3], [0]), (0.5, 2, [3], [4])]:
+def test_random_baseline_is_the_papers_p_to_the_m():
+    # the paper's "33-54%" at m = 24 perturbations for models at p = 0.955-0.975
+    assert round(random_baseline(0.955, 24), 2) == 0.33 and round(random_baseline(0.975, 24), 2) == 0.54
+    # an XSTest unsafe prompt at p = 0.95, m = 5: 0.774, whichever correct label (not split by g)
+    assert random_baseline(0.95, 5) == pytest.approx(0.7737809)
+    assert random_baseline(1.0, 3) == 1.0 and random_baseline(0.0, 2) == 0.0
+    for bad in [(1.5, 2), (-0.1, 2), (0.5, 0)]:
         with pytest.raises(ValueError):
-            p_same(*bad)
+            random_baseline(*bad)
 
 
 def item_rows():
@@ -39,8 +34,9 @@ def item_rows():
     i1   a    a     a      identical, right
     i2   b    b     b      identical, wrong
     i3   a    b     a      differs
-    i4   c    None  c      parse failure in C2 -> inconsistent
-    consistency 2/4; accuracies C1 2/4, C2 1/4, C3 2/4."""
+    i4   c    None  c      parse failure in C2
+    consistency (right everywhere) 1/4; same answer 2/4; accuracy at the nominal C1 2/4.
+    Seed 1 of the sampled C3 answers 'zzz' (wrong) everywhere."""
     labels = {C1: ["a", "b", "a", "c"], C2: ["a", "b", "b", None], C3: ["a", "b", "a", "c"]}
     rows = []
     for cfg, labs in labels.items():
@@ -48,7 +44,8 @@ def item_rows():
             rows.append({"model": "A", "benchmark": "bbq", "config": cfg, "seed": 0, "item_id": f"i{i + 1}",
                          "parsed_label": lab, "parse_ok": lab is not None, "correct": lab == "a",
                          "stratum": "s"})
-    # a second seed of the sampled config and a logprob config: both must be ignored
+    # a second seed of the sampled config (the item SD reads it, consistency does not) and a
+    # logprob config (not in the free-form row)
     for i in range(4):
         rows.append({"model": "A", "benchmark": "bbq", "config": C3, "seed": 1, "item_id": f"i{i + 1}",
                      "parsed_label": "zzz", "parse_ok": True, "correct": False, "stratum": "s"})
@@ -63,66 +60,99 @@ def cells():
                        ("B", "bbq", C1, 0.5), ("B", "bbq", C2, 0.5), ("B", "bbq", C3, 0.6), ("B", "bbq", LP, 0.5)])
 
 
-def options():
-    return {"bbq": pd.DataFrame({"k": [3] * 4, "g": [1] * 4}, index=["i1", "i2", "i3", "i4"])}
-
-
-# overall performance of A over C1-C3 on i1-i4: 5 right of 12 answers (not the per-config
-# accuracies 2/4, 1/4, 2/4 one by one): baseline (5/12)^3 + (7/12)^3 / 4 = 210.75 / 1728
-BASELINE_A = (5 / 12) ** 3 + (7 / 12) ** 3 / 4
+# per-item scores over (C1, C2, C3 = mean of seeds 0 and 1): i1 (1, 1, .5), i2 (0, 0, 0),
+# i3 (1, 0, .5), i4 (0, 0, 0) -> sample SDs sqrt(1/12), 0, 1/2, 0
+ITEM_SD_A = [math.sqrt(1 / 12), 0.0, 0.5, 0.0]
 
 
 def test_robustness_row_by_hand():
-    items = item_rows()
-    items = items[items["seed"] == 0]
-    t = robustness_table(cells()[lambda d: d["model"] == "A"], items, options())
-    r = t.iloc[0]
-    assert (r.model, r.benchmark, r.n_configs, r.n_items) == ("A", "bbq", 3, 4)
-    assert r.consistency == 0.5 and r.performance == pytest.approx(5 / 12)
-    assert r.baseline == pytest.approx(BASELINE_A) and r.baseline == pytest.approx(210.75 / 1728)
+    rob, sd, hist = robustness_table(cells()[lambda d: d["model"] == "A"], item_rows())
+    r = rob.iloc[0]
+    assert (r.model, r.benchmark, r.scoring, r.n_configs, r.n_items) == ("A", "bbq", "freeform", 3, 4)
+    assert r.consistency == 0.25 and r.answer_consistency == 0.5
+    # p = accuracy at the nominal config C1 (2 of 4), not pooled over the configs (5 of 12)
+    assert r.performance == 0.5 and r.baseline == pytest.approx(0.125)
+    assert r.consistency_over_baseline == pytest.approx(0.125)
     assert r.score_sd == pytest.approx(0.15) and r.score_mean == pytest.approx(0.45)
+    assert (r.nominal_config, r.nominal_used, r.note) == (C1, C1, "")
     assert r.nominal_score == 0.6 and r.drop_rate_mean == pytest.approx(0.375)
     assert r.share_below_nominal == 1.0
+    assert r.item_sd_mean == pytest.approx(np.mean(ITEM_SD_A))
+    assert r.item_sd_median == pytest.approx(math.sqrt(1 / 12) / 2)
+    q = sd.iloc[0]
+    assert (q.n_items, q.q00, q.q100, q.share_zero) == (4, 0.0, 0.5, 0.5)
+    assert q.q50 == pytest.approx(r.item_sd_median)
+    # bins of 0.05 from 0 to 0.75: two items in [0, .05), sqrt(1/12) = .2887 in [.25, .3), .5 in [.5, .55)
+    assert len(hist) == 15 and hist["n_items"].sum() == 4 and hist["share"].sum() == pytest.approx(1.0)
+    nonzero = hist[hist["n_items"] > 0]
+    assert list(zip(nonzero["bin_lo"].round(2), nonzero["n_items"])) == [(0.0, 2), (0.25, 1), (0.5, 1)]
 
 
-def test_label_benchmark_with_two_correct_labels(tmp_path):
-    # x0 safe (comply correct), x1 unsafe (refuse and partial correct); always right -> p = 1.
-    # x1 answers refuse then partial: right both times, yet not the identical answer
+def test_item_sd_histogram_edges():
+    # the largest SD of scores in [0, 1] over 2 configs, sqrt(1/2), falls in the last bin
+    row, hist = item_sd_summary("A", "bbq", pd.Series([0.0, 0.05, math.sqrt(0.5)]))
+    assert hist[-1]["bin_hi"] == 0.75 and hist[-1]["n_items"] == 1 and hist[1]["n_items"] == 1
+    assert row["share_zero"] == pytest.approx(1 / 3) and row["q100"] == pytest.approx(math.sqrt(0.5))
+    empty, hist = item_sd_summary("A", "bbq", pd.Series([], dtype=float))
+    assert empty["n_items"] == 0 and math.isnan(empty["mean"]) and all(h["n_items"] == 0 for h in hist)
+
+
+def test_label_benchmark_with_two_correct_labels():
+    # x0 safe (comply correct), x1 unsafe (refuse and partial correct); always right.
+    # x1 answers refuse then partial: correct both times (consistent), not the identical answer
     rows = []
     for cfg, labs in {C1: ["comply", "refuse"], C2: ["comply", "partial"]}.items():
         for i, lab in enumerate(labs):
             rows.append({"model": "A", "benchmark": "xstest", "config": cfg, "seed": 0, "item_id": f"x{i}",
                          "parsed_label": lab, "parse_ok": True, "correct": True})
-    write_parquet(pd.DataFrame({"item_id": ["x0", "x1"], "choices": [[], []], "label": ["safe", "unsafe"]}),
-                  tmp_path / "xstest.parquet", {"subset_hash": "x"})
-    space = item_answer_space(tmp_path, "xstest")
-    assert space.loc["x0"].tolist() == [3, 1] and space.loc["x1"].tolist() == [3, 2]
     c = hand_cells([("A", "xstest", C1, 1.0), ("A", "xstest", C2, 0.5)])
-    t = robustness_table(c, pd.DataFrame(rows), {"xstest": space})
-    # p = 1, m = 2: x0 1 * 1^-1 = 1; x1 1 * 2^-1 = 1/2 -> baseline 3/4; consistency x0 yes, x1 no
-    assert t.iloc[0].baseline == pytest.approx(0.75) and t.iloc[0].consistency == 0.5
+    r = robustness_table(c, pd.DataFrame(rows))[0].iloc[0]
+    assert r.consistency == 1.0 and r.answer_consistency == 0.5
+    assert r.performance == 1.0 and r.baseline == 1.0  # 1^2, not split over the two correct labels
     # drop rate relative to nominal 1.0: (1.0 - 0.5)/1.0 = 0.5, one of one below
-    assert t.iloc[0].drop_rate_mean == pytest.approx(0.5) and t.iloc[0].share_below_nominal == 1.0
-    # toxigen: yes / no, one correct
-    write_parquet(pd.DataFrame({"item_id": ["t0"], "choices": [[]], "label": ["toxic"]}),
-                  tmp_path / "toxigen.parquet", {"subset_hash": "x"})
-    assert item_answer_space(tmp_path, "toxigen").loc["t0"].tolist() == [2, 1]
-    write_parquet(pd.DataFrame({"item_id": ["t0"], "choices": [[]], "label": ["weird"]}),
-                  tmp_path / "toxigen.parquet", {"subset_hash": "x"})
-    with pytest.raises(DataError, match="gold_map"):
-        item_answer_space(tmp_path, "toxigen")
+    assert r.drop_rate_mean == pytest.approx(0.5) and r.share_below_nominal == 1.0
+
+
+def crows_rows(configs, correct):
+    """CrowS-Pairs item rows: ``correct[config]`` = per-item flags of p0, p1, p2, p3."""
+    return pd.DataFrame([{"model": "A", "benchmark": "crows_pairs", "config": cfg, "seed": 0, "item_id": f"p{i}",
+                          "parsed_label": "less" if ok else "more", "parse_ok": True, "correct": ok}
+                         for cfg in configs for i, ok in enumerate(correct[cfg])])
+
+
+def test_crows_pairs_row_on_its_logprob_configs_with_the_nearest_nominal():
+    lp = ["T1-greedy-k0-logprob", "T2-greedy-k0-logprob", "T1-greedy-k3-logprob"]
+    correct = {lp[0]: [True, True, True, False], lp[1]: [True, True, False, False], lp[2]: [True, False, True, False]}
+    c = hand_cells([("A", "crows_pairs", cfg, sum(correct[cfg]) / 4) for cfg in lp])
+    r = robustness_table(c, crows_rows(lp, correct))[0].iloc[0]
+    assert (r.scoring, r.n_configs, r.n_items) == ("logprob", 3, 4)
+    # the nominal T1-greedy-k0-freeform is not valid here: its nearest config (1 axis) stands in
+    assert (r.nominal_config, r.nominal_used) == (C1, lp[0]) and "nearest valid config" in r.note
+    assert r.consistency == 0.25 and r.performance == 0.75 and r.baseline == pytest.approx(0.75 ** 3)
+    assert r.nominal_score == 0.75 and r.drop_rate_mean == pytest.approx((0.25 + 0.25) / 2 / 0.75)
+    # two equally near configs (2 axis changes each): no reference, no p, no baseline, said so
+    far = lp[1:]
+    r = robustness_table(c[c["config"].isin(far)], crows_rows(far, correct))[0].iloc[0]
+    assert r.nominal_used == "" and "equally near" in r.note and "missing" in r.note
+    assert math.isnan(r.performance) and math.isnan(r.baseline) and math.isnan(r.drop_rate_mean)
+    assert r.consistency == 0.25
 
 
 def test_missing_nominal_and_zero_nominal():
-    items = item_rows()
-    items = items[items["seed"] == 0]
     c = cells()
-    t = robustness_table(c[c["model"] == "A"], items, options(), nominal_config="T4-greedy-k0-freeform")
+    # T3-t0.3-k3-freeform stands in for T3-t0.3-k5-freeform (one axis away, the only one)
+    t = robustness_table(c[c["model"] == "A"], item_rows(), nominal_config="T3-t0.3-k5-freeform")[0]
+    assert t.iloc[0].nominal_used == C3 and t.iloc[0].performance == 0.5  # seed 0 of C3: i1, i3 right
+    # T4-greedy-k0-freeform: C1 and C2 equally near, no reference
+    t = robustness_table(c[c["model"] == "A"], item_rows(), nominal_config="T4-greedy-k0-freeform")[0]
     assert math.isnan(t.iloc[0].drop_rate_mean) and "missing" in t.iloc[0].note
+    assert math.isnan(t.iloc[0].baseline) and t.iloc[0].consistency == 0.25
     c.loc[(c["model"] == "A") & (c["config"] == C1), "score"] = 0.0
-    t = robustness_table(c[c["model"] == "A"], items, options())
+    t = robustness_table(c[c["model"] == "A"], item_rows())[0]
     assert math.isnan(t.iloc[0].drop_rate_mean) and t.iloc[0].share_below_nominal == 0.0
     assert "undefined" in t.iloc[0].note
+    with pytest.raises(ValueError, match="analysis.nominal_config"):
+        robustness_table(c[c["model"] == "A"], item_rows(), nominal_config="T1-greedy")
 
 
 def test_regression_exact_line_and_degenerate():
@@ -136,28 +166,31 @@ def test_regression_exact_line_and_degenerate():
 
 def _write_inputs(tmp_path, items: pd.DataFrame):
     cs = write_hand(cells(), tmp_path / "cell_scores.parquet")
-    # B's items: same answers as A in every config (fully consistent)
+    # B's items: right in every config (fully consistent)
     b = items[items["model"] == "A"].copy()
     b["model"] = "B"
     b["parsed_label"] = "a"
     b["parse_ok"] = True
     b["correct"] = True
     ir = write_parquet(pd.concat([items, b], ignore_index=True), tmp_path / "item_results.parquet", hand_meta())
-    it = pd.DataFrame({"item_id": ["i1", "i2", "i3", "i4"], "choices": [["a", "b", "c"]] * 4})
-    write_parquet(it, tmp_path / "items" / "bbq.parquet", {"subset_hash": "subset-bbq"})
     return cs, ir
 
 
 def test_write_robustness(tmp_path):
     cs, ir = _write_inputs(tmp_path, item_rows())
-    paths = write_robustness(cs, ir, tmp_path / "out", items_dir=tmp_path / "items")
+    paths = write_robustness(cs, ir, tmp_path / "out")
     t = pd.read_parquet(paths["robustness"]).set_index("model")
-    assert t.loc["A", "consistency"] == 0.5 and t.loc["B", "consistency"] == 1.0
-    assert t.loc["A", "baseline"] == pytest.approx(BASELINE_A)
+    assert t.loc["A", "consistency"] == 0.25 and t.loc["B", "consistency"] == 1.0
+    assert t.loc["A", "baseline"] == pytest.approx(0.125)
     assert t.loc["B", "baseline"] == pytest.approx(1.0)  # accuracy 1 everywhere
+    sd = pd.read_parquet(paths["robustness_item_sd"]).set_index("model")
+    assert sd.loc["A", "mean"] == pytest.approx(np.mean(ITEM_SD_A)) and sd.loc["B", "q100"] == 0.0
+    hist = pd.read_parquet(paths["robustness_item_sd_hist"])
+    assert len(hist) == 2 * 15 and set(hist.groupby("model")["n_items"].sum()) == {4}
     md = read_metadata(paths["robustness"])
     assert [s["path"] for s in md["sources"]] == [str(cs), str(ir)]
     assert md["params"]["nominal_config"] == "T1-greedy-k0-freeform"
+    assert read_metadata(paths["robustness_item_sd_hist"])["params"]["item_sd_bin"] == 0.05
     reg = pd.read_parquet(paths["robustness_regression"]).iloc[0]
     assert reg.n == 2 and math.isnan(reg.slope)
 
@@ -166,13 +199,12 @@ def test_missing_seed0_rows_name_the_cell(tmp_path):
     items = item_rows()
     cs, ir = _write_inputs(tmp_path, items[~((items["config"] == C2) & (items["model"] == "A"))])
     with pytest.raises(DataError, match=r"\(A, bbq, T2-greedy-k0-freeform\)"):
-        write_robustness(cs, ir, tmp_path / "out", items_dir=tmp_path / "items")
+        write_robustness(cs, ir, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-def test_item_not_in_item_table(tmp_path):
+def test_duplicate_seed0_rows_are_refused():
     items = item_rows()
-    items.loc[items["item_id"] == "i4", "item_id"] = "i99"
-    cs, ir = _write_inputs(tmp_path, items)
-    with pytest.raises(DataError, match="i99"):
-        write_robustness(cs, ir, tmp_path / "out", items_dir=tmp_path / "items")
+    dup = pd.concat([items, items[(items["config"] == C1) & (items["item_id"] == "i2")]], ignore_index=True)
+    with pytest.raises(DataError, match="'i2' appears twice"):
+        robustness_table(cells()[lambda d: d["model"] == "A"], dup)

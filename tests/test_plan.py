@@ -45,7 +45,8 @@ def test_one_bf16_model_gets_its_own_precision_check_cells(tmp_path):
     assert plan.cell_fingerprint("b", "bbq", lp, 0, "bf16") == plan.cell_fingerprint("b", "bbq", lp, 0, "main")
     assert plan.cell_fingerprint("a", "bbq", lp, 0, "bf16") != plan.cell_fingerprint("a", "bbq", lp, 0, "main")
     jobs = plan.jobs("bf16")
-    assert {j.model for j in jobs} == {"a", "b"} and len(jobs) == 2 * 4 * 4  # 4 configs x 4 benchmarks
+    # 4 configs x 4 free-form benchmarks + CrowS-Pairs' T1/T2 zero-shot logprob configs
+    assert {j.model for j in jobs} == {"a", "b"} and len(jobs) == 2 * (4 * 4 + 2)
     assert all(str(p).startswith(str(plan.results / "shards_bf16") + "/") for p in plan.shards("bf16"))
     # one worker per (model, quantization): the bf16 model's variants share it
     assert plan.worker_key("b", plan.quantization("b", "bf16")) == plan.worker_key("b", plan.quantization("b"))
@@ -55,17 +56,18 @@ def test_one_bf16_model_gets_its_own_precision_check_cells(tmp_path):
 def test_cross_package_adds_the_nominal_cells_in_bf16_and_nothing_else(tmp_path):
     # the stage compares packages at the nominal config in bf16: the run's own free-form row
     # comes from the precision check (T1-greedy-k0-freeform is in conservative_core), its
-    # logprob row needs the logprob twin in bf16 too (CrowS-Pairs, logprob-only, included)
+    # logprob row needs the logprob twin in bf16 too (CrowS-Pairs' is a precision-check config)
     plain = _plan(tmp_path, {"a": "nf4"})
     stage = _plan(tmp_path, {"a": "nf4"}, cross_package=True)
-    benches = stage.cfg.benchmarks
+    benches = [b for b in stage.cfg.benchmarks if b != "crows_pairs"]
     added = {(j.benchmark, j.config.id, j.seed) for j in stage.jobs("bf16")} - \
         {(j.benchmark, j.config.id, j.seed) for j in plain.jobs("bf16")}
     assert added == {(b, "T1-greedy-k0-logprob", 0) for b in benches}
+    assert stage.nominal_bf16_configs("crows_pairs") == ()
     assert {(j.benchmark, j.config.id) for j in plain.jobs("bf16")} <= \
         {(j.benchmark, j.config.id) for j in stage.jobs("bf16")}
     assert stage.jobs("main") == plain.jobs("main")
-    assert all(stage.config("T1-greedy-k0-logprob") in stage.configs(b, "bf16") for b in benches)
+    assert all(stage.config("T1-greedy-k0-logprob") in stage.configs(b, "bf16") for b in stage.cfg.benchmarks)
     assert stage.decode_group("crows_pairs", "T1-greedy-k0-logprob", "bf16") == (("greedy", 1),)
     assert len(stage.shards("bf16")) == len(stage.jobs("bf16")) == len(plain.jobs("bf16")) + len(benches)
     # a nominal outside the precision check's envelope brings its free-form cell too; a sampled
@@ -73,6 +75,7 @@ def test_cross_package_adds_the_nominal_cells_in_bf16_and_nothing_else(tmp_path)
     t3 = _plan(tmp_path, {"a": "nf4"}, cross_package=True, nominal="T3-greedy-k5-freeform")
     assert t3.nominal_bf16_configs("bbq") == (t3.config("T3-greedy-k5-freeform"), t3.config("T3-greedy-k5-logprob"))
     assert t3.nominal_bf16_configs("crows_pairs") == (t3.config("T3-greedy-k5-logprob"),)
+    assert len(t3.jobs("bf16")) == len(plain.jobs("bf16")) + 2 * len(benches) + 1
     sampled = _plan(tmp_path, {"a": "nf4"}, cross_package=True, nominal="T3-t0.3-k0-freeform")
     assert sampled.nominal_bf16_configs("bbq") == (sampled.config("T3-t0.3-k0-freeform"),)
     assert sorted({j.seed for j in sampled.jobs("bf16") if j.config.id == "T3-t0.3-k0-freeform"}) == [0, 1, 2, 3, 4]
@@ -81,6 +84,24 @@ def test_cross_package_adds_the_nominal_cells_in_bf16_and_nothing_else(tmp_path)
     bad = _plan(tmp_path, {"a": "nf4"}, cross_package=True, nominal="T9-greedy-k0-freeform")
     with pytest.raises(ValueError, match="analysis.nominal_config"):
         bad.jobs("bf16")
+
+
+@pytest.mark.parametrize("config", ["config/paper.yaml", "config/config.yaml"])
+def test_the_precision_check_covers_the_papers_18_benchmark_config_pairs(config):
+    # the paper's BF16 vs NF4 check: conservative_core (T1/T2 x k0/k3, greedy, free-form) on
+    # the four free-form benchmarks and CrowS-Pairs' zero-shot logprob configs: 18 pairs,
+    # 3 models x 18 = 54 cells; the cross-package stage adds only the logprob twins
+    plan = Plan(load_config(ROOT / config))
+    core = {f"{t}-greedy-{k}-freeform" for t in ("T1", "T2") for k in ("k0", "k3")}
+    want = {(b, c) for b in ("truthfulqa", "bbq", "toxigen", "xstest") for c in core}
+    want |= {("crows_pairs", "T1-greedy-k0-logprob"), ("crows_pairs", "T2-greedy-k0-logprob")}
+    got = {(b, c.id) for b in plan.cfg.benchmarks for c in plan.precision_configs(b)}
+    assert got == want and len(got) == 18
+    cells = {(j.model, j.benchmark, j.config.id) for j in plan.jobs("bf16")}
+    assert {(m, b, c) for m in plan.cfg.models for b, c in want} <= cells and len(plan.cfg.models) == 3
+    assert {(b, c) for _, b, c in cells} - want == {
+        (b, "T1-greedy-k0-logprob") for b in ("truthfulqa", "bbq", "toxigen", "xstest")}
+    assert len(plan.jobs("bf16")) == 3 * (18 + 4)  # greedy only: one seed per cell
 
 
 def test_precision_check_is_off_when_every_model_is_bf16(tmp_path):

@@ -126,6 +126,18 @@ def test_bad_rules_name_file_and_field(tmp_path, project_root, mutate, field):
     (lambda c: c["envelope"].update(name="tiny"), "envelope.name"),
     (lambda c: c.pop("models"), "(top level)"),
     (lambda c: c["analysis"].update(alpha=1.0), "analysis.alpha"),
+    # the scale probe's families: [small, large] pairs of distinct configured models with a third model
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m"]]}), "analysis.scale_probe.families.0"),
+    (lambda c: c["analysis"].update(scale_probe={"families": []}), "analysis.scale_probe.families"),
+    (lambda c: c["analysis"].update(scale_probe={"family": [["smollm2-135m", "qwen2.5-0.5b"]]}), "analysis.scale_probe"),
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m", "nope"]]}),
+     "analysis.scale_probe.families.0"),
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m", "smollm2-135m"]]}),
+     "analysis.scale_probe.families.0"),
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m", "qwen2.5-0.5b"]] * 2}),
+     "analysis.scale_probe.families.1"),
+    (lambda c: (c["models"].pop("gemma3-270m"), c["analysis"].update(
+        scale_probe={"families": [["smollm2-135m", "qwen2.5-0.5b"]]})), "analysis.scale_probe.families.0"),
     # model keys name folders (shards/<key>/...): "." and ".." would escape shards/
     (lambda c: c["models"].update({"..": c["models"]["smollm2-135m"]}), "models"),
     (lambda c: c["models"].update({".": c["models"]["smollm2-135m"]}), "models"),

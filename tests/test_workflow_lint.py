@@ -42,10 +42,11 @@ def test_default_dry_run_plans_every_cell(tmp_path):
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
     # one rule, `cell`, for every cell job: the 1,764 (model, benchmark, config, seed) jobs of the
-    # full envelope, the precision check's 48 (conservative_core: 4 configs x 4 benchmarks x
-    # 3 models, greedy) and, the cross-package stage being on, the nominal config's logprob twin
-    # in bf16 (5 benchmarks x 3 models) for the stage's own bf16 logprob row
-    assert counts["cell"] == 1764 + 48 + 15
+    # full envelope, the precision check's 54 (conservative_core: 4 configs x 4 benchmarks, and
+    # CrowS-Pairs' T1/T2 zero-shot logprob configs, x 3 models, greedy) and, the cross-package
+    # stage being on, the nominal config's logprob twin in bf16 for the stage's own bf16 logprob
+    # row (4 more benchmarks x 3 models; CrowS-Pairs' is a precision-check config)
+    assert counts["cell"] == 1764 + 54 + 12
     assert counts["prepare_model"] == 3 and counts["items"] == 5 and counts["aggregate"] == 1
 
 

@@ -19,11 +19,13 @@ PathLike = str | os.PathLike
 
 
 def certify(table: "pd.DataFrame | PathLike", *, config_cols: str | Iterable[str] | None = None,
-            alpha: float = 0.05, tol: float | None = None, samples: int = 1000, seed: int = 0,
-            nominal: str | None = None, drop_incomplete: bool = False) -> "CertifyResult":
+            alpha: float = 0.05, tol: float | None = None, samples: int | None = None, seed: int = 0,
+            nominal: str | None = None, drop_incomplete: bool = False, family: str = "pair",
+            correction: str = "maxt") -> "CertifyResult":
     """Verdict metrics of a long score table (a DataFrame, or a CSV/Parquet path): the same
     computation as ``safetyrepro certify``, whose options these are (``config_cols``: axis column
-    names, a list or ``"a,b,c"``; ``samples``/``seed``: the item bootstrap). The result holds
+    names, a list or ``"a,b,c"``; ``samples``/``seed``: the resampling, ``samples=None`` picking
+    the count; ``family``/``correction``: the multiplicity family and its correction). The result holds
     DataFrames: ``pairs``, ``summary`` (per benchmark), ``significance`` (item-level input) and
     ``reversal`` (with ``nominal``); :func:`safetyrepro.certify.to_json` gives the CLI's JSON."""
     from .certify import certify as run
@@ -32,7 +34,7 @@ def certify(table: "pd.DataFrame | PathLike", *, config_cols: str | Iterable[str
         config_cols = [c.strip() for c in config_cols.split(",") if c.strip()]
     cols = list(config_cols) if config_cols is not None else None
     return run(table, cols or None, drop_incomplete, tol, alpha=alpha, samples=samples, seed=seed,
-               nominal=nominal)
+               nominal=nominal, family=family, correction=correction)
 
 
 def _paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:

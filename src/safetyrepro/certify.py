@@ -13,8 +13,10 @@ Two levels:
 * item-level (an ``item`` column): one score per (model, benchmark, config, item), a sampled
   cell's item score being its seed mean. The cell score is the mean over items (exact when the
   item scores are fractions k/q, q <= 1000, e.g. 0/1 or k/5), and everything of
-  :mod:`.metrics.significance` is added: per-config paired tests, N+_sig/N-_sig with Holm's
-  correction, rho_flip_sig, the crossover test and the item-bootstrap interval of rho_flip.
+  :mod:`.metrics.significance` is added: the noise references of rho_flip, orderings and the
+  order change rate (two exchangeable models), per-config sign-flip tests with a family-wise
+  correction (step-down max-T by default), rho_flip_sig, the crossover decision, power (the
+  minimum detectable difference) and the item-bootstrap spread of rho_flip.
 
 With axis columns, ``--nominal CONFIG`` adds the nearest reversing configuration per
 benchmark and pair (:mod:`safetyrepro.metrics.reversal`): the fewest axis-column changes from
@@ -27,7 +29,7 @@ from __future__ import annotations
 import json
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -35,6 +37,7 @@ import pandas as pd
 from .errors import DataError
 from .metrics import benchmark_summary, nearest_reversal_table, pairwise_table, reversal_line
 from .metrics.compare import TieRule, tie_rule
+from .metrics.significance import headline_sentence
 
 
 class _CallableModule(types.ModuleType):
@@ -53,9 +56,9 @@ sys.modules[__name__].__class__ = _CallableModule
 REQUIRED = ("model", "benchmark", "score")
 ITEM = "item"
 DATAFRAME = "<DataFrame>"   # how errors and the result's ``source`` name an in-memory table
-NEEDS_ITEMS = ("significance (N+_sig, N-_sig, rho_flip_sig, the crossover test and the item-bootstrap "
-               "interval of rho_flip) needs item-level input: a long table with an 'item' column "
-               "(model, benchmark, config, item, score)")
+NEEDS_ITEMS = ("the noise references (rho_flip_null_*), significance (N+_sig, N-_sig, rho_flip_sig, the "
+               "crossover decision), power and the item-bootstrap spread of rho_flip need item-level input: "
+               "a long table with an 'item' column (model, benchmark, config, item, score)")
 
 
 @dataclass
@@ -70,6 +73,7 @@ class CertifyResult:
     params: dict | None = None
     reversal: pd.DataFrame | None = None   # nearest reversing configuration (with --nominal)
     nominal: str | None = None
+    warnings: list = field(default_factory=list)   # e.g. a resampling that cannot reach alpha
 
 
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
@@ -194,22 +198,27 @@ def _reversal(df: pd.DataFrame, cell_df: pd.DataFrame, nominal: str, axes: list[
 
 
 def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = None, drop_incomplete: bool = False,
-            tol: float | None = None, *, alpha: float = 0.05, samples: int = 1000, seed: int = 0,
-            nominal: str | None = None) -> CertifyResult:
+            tol: float | None = None, *, alpha: float = 0.05, samples: int | None = None, seed: int = 0,
+            nominal: str | None = None, family: str = "pair", correction: str = "maxt") -> CertifyResult:
     """Verdict metrics of an external table: a CSV/Parquet path or a DataFrame with the same
     columns (named ``<DataFrame>`` in errors; see the module doc for the two levels). Without
     ``tol``, float scores equal within 1e-12 relative tie (exact fractions recovered from
     item-level 0/1 or k/q scores compare exactly); ``tol > 0``: |difference| <= tol ties, for
-    every quantity (sign counts, orderings, tau_R, significance)."""
+    every quantity (sign counts, orderings, tau_R, significance). ``samples=None`` picks the
+    resampling count so every corrected p can reach alpha; ``family`` (pair | benchmark |
+    table) and ``correction`` (maxt | holm) set the multiplicity family and its correction."""
+    from .metrics.significance import Settings
+
     table = path if isinstance(path, pd.DataFrame) else None
     if table is not None:
         path = DATAFRAME
+    settings = Settings(alpha, samples, seed, tol, family, correction)
+    try:
+        settings.check()
+    except ValueError as exc:
+        raise DataError(path, str(exc)) from None
     if tol is not None and (not tol >= 0 or tol == float("inf")):
         raise DataError(path, f"--tol must be a finite number >= 0 (got {tol})")
-    if not 0 < alpha < 1:
-        raise DataError(path, f"--alpha must be in (0, 1) (got {alpha})")
-    if samples < 1:
-        raise DataError(path, f"--bootstrap-samples must be >= 1 (got {samples})")
     if nominal is not None and not config_cols:
         raise DataError(path, "--nominal needs axis columns (--config-cols template,decoding,shots,scoring): "
                               "the distance to a reversing config counts axis changes")
@@ -234,7 +243,8 @@ def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = Non
             raise DataError(path, f"benchmark {b!r} has fewer than two models after validation")
     if df.empty:
         raise DataError(path, "no complete configs left")
-    params = {"tol": tol, "alpha": alpha, "bootstrap_samples": samples, "bootstrap_seed": seed}
+    params = {"tol": tol, "alpha": alpha, "samples": samples, "seed": seed, "family": family,
+              "correction": correction}
     axes = list(config_cols or [])
     if not item_level:
         rev = None if nominal is None else _reversal(df, df, nominal, axes, tol, None, path)
@@ -246,10 +256,15 @@ def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = Non
     exact = all(g.exact for g in grids)
     if not exact:   # one rule for the whole table
         cell_df = cell_df.drop(columns=[c for c in ("score_num", "score_den") if c in cell_df.columns])
-    sig = significance_tables(grids, alpha, samples, seed, tol)
+    warnings: list[str] = []
+    try:
+        sig = significance_tables(grids, settings, table=f"certify {path}", warnings=warnings)
+    except ValueError as exc:
+        raise DataError(path, str(exc)) from None
+    params["samples"] = int(sig["significance"]["samples"].max()) if len(sig["significance"]) else samples
     rev = None if nominal is None else _reversal(df, cell_df, nominal, axes, tol, sig, path)
     return CertifyResult(pairwise_table(cell_df, tol=tol), benchmark_summary(cell_df, tol=tol), dropped,
-                         str(path), tie_rule(tol, exact=exact), "item", sig, params, rev, nominal)
+                         str(path), tie_rule(tol, exact=exact), "item", sig, params, rev, nominal, warnings)
 
 
 def to_json(res: CertifyResult) -> str:
@@ -270,51 +285,80 @@ def to_json(res: CertifyResult) -> str:
     if res.reversal is not None:
         out["nominal"] = res.nominal
         out["nearest_reversal"] = json.loads(res.reversal.to_json(orient="records"))
+    out["warnings"] = list(res.warnings)
     return json.dumps(out, indent=2)
+
+
+def _fmt(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
+    df = df.copy()
+    for c, f in cols.items():
+        if c in df.columns:
+            df[c] = df[c].map(f.format)
+    return df
 
 
 def to_text(res: CertifyResult) -> str:
     out = [f"ties: {res.tie_rule.describe()}"]
+    out += [f"warning: {w}" for w in res.warnings]
     if res.dropped_configs:
         n = sum(len(v) for v in res.dropped_configs.values())
         out.append(f"dropped {n} incomplete config(s): "
                    + "; ".join(f"{b}: {len(v)}" for b, v in sorted(res.dropped_configs.items())))
-    p = res.pairs.drop(columns=["tie_rule"]).copy()
-    p["rho_flip"] = p["rho_flip"].map("{:.3f}".format)
-    p["ceiling"] = p["ceiling"].map("{:.3f}".format)
-    out.append("Pairwise verdict stability (N+ counts configs where model_a scores higher)")
+    sig = res.significance
+    if sig is not None:
+        bench = sig["significance_benchmarks"]
+        pr = res.params
+        out.append(f"Verdicts read against noise (alpha = {pr['alpha']:g}; family: {pr['family']}, correction: "
+                   f"{pr['correction']}; seed {pr['seed']})")
+        out += ["  " + headline_sentence(r) for r in bench.to_dict("records")]
+        out.append("")
+    p = res.pairs.drop(columns=["tie_rule"])
+    if sig is not None:
+        p = p.merge(sig["significance"][["benchmark", "model_a", "model_b", "rho_flip_null_mean",
+                                         "rho_flip_null_q95", "rho_flip_null_p"]],
+                    on=["benchmark", "model_a", "model_b"], how="left")
+    p = _fmt(p, {"rho_flip": "{:.3f}", "ceiling": "{:.3f}", "rho_flip_null_mean": "{:.3f}",
+                 "rho_flip_null_q95": "{:.3f}", "rho_flip_null_p": "{:.3g}"})
+    out.append("Pairwise verdict stability (N+ counts configs where model_a scores higher"
+               + ("; rho_flip_null_*: two exchangeable models, item-wise sign flips)" if sig is not None else ")"))
     out.append(p.to_string(index=False))
     s = res.summary.copy()
-    s["max_rho_flip"] = s["max_rho_flip"].map("{:.3f}".format)
-    s["tau_r"] = s["tau_r"].map("{:.3f}".format)
     s["orderings"] = s["orderings_reachable"].astype(str) + " of " + s["orderings_possible"].astype(str)
+    cols = ["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair", "orderings", "tied_configs", "tau_r",
+            "order_change_rate"]
+    if sig is not None:
+        s = s.merge(sig["significance_benchmarks"][["benchmark", "max_rho_flip_null_p", "orderings_null_mean",
+                                                    "orderings_null_p", "order_change_null_mean",
+                                                    "order_change_null_p"]], on="benchmark", how="left")
+        cols += ["max_rho_flip_null_p", "orderings_null_mean", "orderings_null_p", "order_change_null_mean",
+                 "order_change_null_p"]
+    s = _fmt(s, {"max_rho_flip": "{:.3f}", "tau_r": "{:.3f}", "order_change_rate": "{:.3f}",
+                 "max_rho_flip_null_p": "{:.3g}", "orderings_null_mean": "{:.2f}", "orderings_null_p": "{:.3g}",
+                 "order_change_null_mean": "{:.3f}", "order_change_null_p": "{:.3g}"})
     out.append("")
     out.append("Per benchmark")
-    s["order_change_rate"] = s["order_change_rate"].map("{:.3f}".format)
-    out.append(s[["benchmark", "n_models", "n_configs", "max_rho_flip", "max_pair", "orderings",
-                  "tied_configs", "tau_r", "order_change_rate"]].to_string(index=False))
-    out.append("(order_change_rate: share of config pairs whose induced model orders differ; not rho_flip)")
+    out.append(s[cols].to_string(index=False))
+    out.append("(order_change_rate: share of config pairs whose induced model orders differ; not rho_flip; "
+               "1 - 1/n! is its value only for exchangeable strict orders"
+               + ("; the *_null_* columns are its reference under exchangeable models)" if sig is not None else ")"))
     if res.reversal is not None:
         out.append("")
         out.append(f"Nearest reversing configuration from {res.nominal} (fewest axis changes)")
         out += [reversal_line(r) for r in res.reversal.to_dict("records")]
     out.append("")
-    if res.significance is None:
+    if sig is None:
         out.append(f"Significance: not computed; {NEEDS_ITEMS}.")
         return "\n".join(out)
-    sig = res.significance["significance"].copy()
-    a = sig["alpha"].iloc[0] if len(sig) else float("nan")
-    out.append(f"Significance (item level; alpha = {a:g}, Holm over configs; crossover: joint item bootstrap, "
-               f"B = {res.params['bootstrap_samples']}, seed {res.params['bootstrap_seed']})")
-    for c in ("rho_flip", "rho_flip_sig"):
-        sig[c] = sig[c].map("{:.3f}".format)
-    sig["crossover_p"] = sig["crossover_p"].map("{:.4f}".format)
-    out.append(sig[["benchmark", "model_a", "model_b", "n_configs", "n_plus", "n_minus", "rho_flip",
-                    "n_plus_sig", "n_minus_sig", "rho_flip_sig", "crossover_p", "pattern"]].to_string(index=False))
-    bi = res.significance["bootstrap_items"].copy()
+    t = _fmt(sig["significance"], {"rho_flip": "{:.3f}", "rho_flip_sig": "{:.3f}", "crossover_p": "{:.4g}",
+                                   "mdd_median": "{:.3f}", "min_attainable_p": "{:.3g}"})
+    out.append("Significance (item level; per-config sign-flip tests, corrected over the family; "
+               "mdd: smallest difference detected with 80% power)")
+    out.append(t[["benchmark", "model_a", "model_b", "n_configs", "n_items", "n_plus", "n_minus", "rho_flip",
+                  "n_plus_sig", "n_minus_sig", "rho_flip_sig", "crossover_p", "pattern", "mdd_median",
+                  "resampling", "min_attainable_p"]].to_string(index=False))
+    bi = _fmt(sig["bootstrap_items"], {"estimate": "{:.3f}", "ci_low": "{:.3f}", "ci_high": "{:.3f}"})
     out.append("")
-    out.append("rho_flip intervals, resampling items (configs fixed): percentile 2.5-97.5")
-    for c in ("estimate", "ci_low", "ci_high"):
-        bi[c] = bi[c].map("{:.3f}".format)
-    out.append(bi[["benchmark", "statistic", "resamples", "estimate", "ci_low", "ci_high"]].to_string(index=False))
+    out.append("Spread of the plug-in rho_flip when items are redrawn (configs fixed; percentile 2.5-97.5). "
+               "Not a confidence interval: item noise biases rho_flip up")
+    out.append(bi[["benchmark", "statistic", "estimate", "ci_low", "ci_high"]].to_string(index=False))
     return "\n".join(out)

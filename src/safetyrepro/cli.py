@@ -80,9 +80,13 @@ def certify(
                                          help="drop configs missing for some model (for every model) instead of failing"),
     tol: Optional[float] = typer.Option(None, "--tol", help="score differences with |d| <= tol count as ties, for "
                                         "every quantity; without it, values equal within 1e-12 relative tie"),
-    alpha: float = typer.Option(0.05, "--alpha", help="significance level (item-level input; Holm over configs)"),
-    bootstrap_samples: int = typer.Option(1000, "--bootstrap-samples", help="item-bootstrap draws (item-level input)"),
-    bootstrap_seed: int = typer.Option(0, "--bootstrap-seed"),
+    alpha: float = typer.Option(0.05, "--alpha", help="family-wise significance level (item-level input)"),
+    samples: Optional[int] = typer.Option(None, "--samples", "--bootstrap-samples",
+                                          help="resampling draws (item-level input); default: enough for every "
+                                               "corrected p to reach alpha (docs/VERDICTS.md)"),
+    seed: int = typer.Option(0, "--seed", "--bootstrap-seed", help="resampling seed (>= 0)"),
+    family: str = typer.Option("pair", "--family", help="multiplicity family: pair | benchmark | table"),
+    correction: str = typer.Option("maxt", "--correction", help="maxt (step-down max-T) | holm"),
     nominal: Optional[str] = typer.Option(None, "--nominal",
                                           help="config id (axis values joined by '-'): report the nearest "
                                                "reversing configuration from it (needs --config-cols)"),
@@ -93,8 +97,10 @@ def certify(
     from .io import atomic_write_text, write_csv
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
-    res = run(scores, cols, drop_incomplete, tol, alpha=alpha, samples=bootstrap_samples, seed=bootstrap_seed,
-              nominal=nominal)
+    res = run(scores, cols, drop_incomplete, tol, alpha=alpha, samples=samples, seed=seed,
+              nominal=nominal, family=family, correction=correction)
+    for w in res.warnings:
+        typer.echo(f"warning: {w}", err=True)
     text = to_json(res) if as_json else to_text(res)
     typer.echo(text)
     if out is not None:

@@ -33,6 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "analysis": {"parse_clean_threshold": 0.95, "bootstrap_samples": 1000, "bootstrap_seed": 7,
                  "subsample_fraction": 0.8, "subsample_repeats": 20,
                  "nominal_config": "T1-greedy-k0-freeform", "precision_check": False, "alpha": 0.05,
+                 "significance_family": "pair", "significance_correction": "maxt", "resampling_samples": None,
                  "cross_package": False, "cross_package_lmeval_loop": "shared-context"},
 }
 
@@ -173,3 +174,23 @@ def _check_against_rules(cfg: RunConfig) -> None:
     missing = [t for t in templates if t not in mnt]
     if missing:
         raise ConfigError(cfg.path, "generation.max_new_tokens", f"missing templates {missing}")
+    _check_scale_probe(cfg)
+
+
+def _check_scale_probe(cfg: RunConfig) -> None:
+    """``analysis.scale_probe.families``: (small, large) pairs of distinct configured models,
+    each family leaving at least one third model to compare against (docs/VERDICTS.md)."""
+    families = (cfg.data["analysis"].get("scale_probe") or {}).get("families", [])
+    seen = set()
+    for i, fam in enumerate(families):
+        field_ = f"analysis.scale_probe.families.{i}"
+        unknown = [m for m in fam if m not in cfg.data["models"]]
+        if unknown:
+            raise ConfigError(cfg.path, field_, f"{unknown} not among the configured models {cfg.models}")
+        if fam[0] == fam[1]:
+            raise ConfigError(cfg.path, field_, f"small and large are the same model {fam[0]!r}")
+        if tuple(fam) in seen:
+            raise ConfigError(cfg.path, field_, "family given twice")
+        seen.add(tuple(fam))
+        if not set(cfg.models) - set(fam):
+            raise ConfigError(cfg.path, field_, "no third model to compare the family against")

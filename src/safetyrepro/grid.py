@@ -82,6 +82,30 @@ def configs(rules: Rules, benchmark: str, envelope: str = "full") -> list[Config
     return out
 
 
+PRECISION_ENVELOPE = "conservative_core"
+
+
+def precision_configs(rules: Rules, benchmark: str, envelope: str = PRECISION_ENVELOPE) -> list[Config]:
+    """The configs of ``benchmark`` the BF16 vs NF4 precision check compares: the sub-envelope's
+    valid configs; a benchmark with none of them (CrowS-Pairs: logprob only, while the
+    conservative core is free-form) takes the sub-envelope's zero-shot configs with its own
+    scoring instead (CrowS-Pairs is scored zero-shot by the harnesses that ship it). With the
+    project's rules: 4 free-form configs per free-form benchmark and T1/T2-greedy-k0-logprob
+    for CrowS-Pairs, 18 (benchmark, config) pairs on five benchmarks (docs/VERDICTS.md)."""
+    own = configs(rules, benchmark, envelope)
+    if own:
+        return own
+    zero_shot = {lv["id"] for lv in rules.levels("shots") if lv["n"] == 0}
+    scorings = [lv["id"] for lv in rules.levels("scoring")]
+    out = []
+    for cfg in config_index(rules).values():
+        lv = cfg.levels()
+        if (cfg.shots in zero_shot and rules.is_valid(benchmark, lv)
+                and any(rules.in_sub_envelope(envelope, {**lv, "scoring": s}) for s in scorings)):
+            out.append(cfg)
+    return out
+
+
 SeedCount = Callable[[str], int]  # decoding id -> number of seeds
 
 

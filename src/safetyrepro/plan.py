@@ -32,8 +32,9 @@ from .config import RunConfig
 from .hashing import canonical_hash
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
-# check: the conservative_core sub-envelope in bf16, for every model (with the cross-package
-# stage on, also the nominal configuration and its logprob twin: Plan.nominal_bf16_configs).
+# check: its configs (grid.precision_configs: the conservative_core sub-envelope, CrowS-Pairs'
+# zero-shot logprob twins) in bf16, for every model (with the cross-package stage on, also the
+# nominal configuration and its logprob twin: Plan.nominal_bf16_configs).
 SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
 SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
 
@@ -89,27 +90,32 @@ class Plan:
 
     # ---- jobs -----------------------------------------------------------------------------
     def envelope(self, variant: str = "main") -> str:
-        return self.cfg.envelope_name if variant == "main" else "conservative_core"
+        return self.cfg.envelope_name if variant == "main" else grid.PRECISION_ENVELOPE
 
     def jobs(self, variant: str = "main") -> list[grid.Job]:
-        """Every (model, benchmark, config, seed) job of the variant: the envelope's, and for the
-        bf16 variant also the cross-package stage's nominal cells (:meth:`nominal_bf16_configs`)."""
-        jobs = grid.config_jobs(self.cfg, self.envelope(variant))
+        """Every (model, benchmark, config, seed) job of the variant: the envelope's; for the
+        bf16 variant the precision check's configs (:func:`.grid.precision_configs`) and the
+        cross-package stage's nominal cells (:meth:`nominal_bf16_configs`)."""
         if variant != "bf16":
-            return jobs
-        extra = [grid.Job(m, b, c, s) for m in self.cfg.models for b in self.cfg.benchmarks
-                 for c in self.nominal_bf16_configs(b)
-                 for s in grid.seeds_for(self.cfg.rules, c, self.cfg.n_seeds)]
-        return jobs + extra
+            return grid.config_jobs(self.cfg, self.envelope(variant))
+        return [grid.Job(m, b, c, s) for m in self.cfg.models for b in self.cfg.benchmarks
+                for c in self.precision_configs(b) + self.nominal_bf16_configs(b)
+                for s in grid.seeds_for(self.cfg.rules, c, self.cfg.n_seeds)]
+
+    @functools.lru_cache(maxsize=None)
+    def precision_configs(self, benchmark: str) -> tuple[grid.Config, ...]:
+        """The precision check's configs of ``benchmark`` (:func:`.grid.precision_configs`)."""
+        return tuple(grid.precision_configs(self.cfg.rules, benchmark, self.envelope("bf16")))
 
     @functools.lru_cache(maxsize=None)
     def nominal_bf16_configs(self, benchmark: str) -> tuple[grid.Config, ...]:
         """The nominal configuration (``analysis.nominal_config``) and its logprob twin, where
-        valid for ``benchmark`` and outside the conservative_core envelope, when the bf16 variant
+        valid for ``benchmark`` and not among the precision check's configs, when the bf16 variant
         must hold them: the cross-package stage is on and the precision check runs. The stage
         compares the packages at the nominal configuration in bf16 (the paper's setting), so
         the run's own rows must be bf16 too, free-form and logprob; the precision check's
-        envelope holds the free-form nominal cell only (T1/T2 x k0/k3, greedy, free-form).
+        configs hold the free-form nominal cell (T1/T2 x k0/k3, greedy, free-form) and, for
+        CrowS-Pairs, the logprob twin.
         Empty otherwise: nothing runs that the config did not ask for."""
         analysis = self.cfg.section("analysis")
         if not (analysis["cross_package"] and self.precision_check):
@@ -118,7 +124,7 @@ class Plan:
             nominal = self.config(analysis["nominal_config"])
         except ValueError as exc:
             raise ValueError(f"{self.cfg.path}: analysis.nominal_config: {exc}") from None
-        base = set(grid.configs(self.cfg.rules, benchmark, self.envelope("bf16")))
+        base = set(self.precision_configs(benchmark))
         out = []
         for c in (nominal, dataclasses.replace(nominal, scoring="logprob")):
             if c not in base and c not in out and self.cfg.rules.is_valid(benchmark, c.levels()):
@@ -135,10 +141,11 @@ class Plan:
 
     @functools.lru_cache(maxsize=None)
     def configs(self, benchmark: str, variant: str = "main") -> frozenset[grid.Config]:
-        """The configs of ``benchmark`` in the variant's envelope (bf16: with the nominal cells
-        of :meth:`nominal_bf16_configs`)."""
-        extra = self.nominal_bf16_configs(benchmark) if variant == "bf16" else ()
-        return frozenset(grid.configs(self.cfg.rules, benchmark, self.envelope(variant))) | frozenset(extra)
+        """The configs of ``benchmark`` in the variant's envelope (bf16: the precision check's
+        and the nominal cells of :meth:`nominal_bf16_configs`)."""
+        if variant == "bf16":
+            return frozenset(self.precision_configs(benchmark) + self.nominal_bf16_configs(benchmark))
+        return frozenset(grid.configs(self.cfg.rules, benchmark, self.envelope(variant)))
 
     @functools.lru_cache(maxsize=None)
     def decode_group(self, benchmark: str, config_id: str, variant: str = "main") -> tuple[tuple[str, int], ...]:
@@ -168,17 +175,24 @@ class Plan:
             return False
         return any(self.cfg.quantization(m) != "bf16" for m in self.cfg.models)
 
+    @property
+    def scale_probe_families(self) -> list[list[str]]:
+        """The (small, large) model families of ``analysis.scale_probe`` ([] when not declared)."""
+        return [list(f) for f in (self.cfg.section("analysis").get("scale_probe") or {}).get("families", [])]
+
     def quantization(self, model: str, variant: str = "main") -> str:
         return "bf16" if variant == "bf16" else self.cfg.quantization(model)
 
     @property
     def analysis_steps(self) -> list[str]:
         """The analysis table steps this run computes (:data:`.analysis.outputs.TABLE_STEPS`):
-        BBQ's bias scores only when the run has BBQ, the precision check only when it is on."""
+        BBQ's bias scores only when the run has BBQ, the precision check only when it is on, the
+        scale probe only when the config declares ``analysis.scale_probe``."""
         from .analysis.outputs import TABLE_STEPS
 
         skip = {"bbq-bias"} if "bbq" not in self.cfg.benchmarks else set()
         skip |= set() if self.precision_check else {"precision"}
+        skip |= set() if self.scale_probe_families else {"scale-probe"}
         return [s for s in TABLE_STEPS if s not in skip]
 
     # ---- model workers --------------------------------------------------------------------

@@ -4,7 +4,8 @@
 
 rule paper_tables:
     input:
-        f"{TABLES}/cell_scores.parquet",
+        cells=f"{TABLES}/cell_scores.parquet",
+        item_results=f"{TABLES}/item_results.parquet",
     output:
         **table_outputs("tables"),
     log:
@@ -18,10 +19,15 @@ rule paper_tables:
         samples=ANALYSIS["bootstrap_samples"],
         seed=ANALYSIS["bootstrap_seed"],
         rules=RUN.rules.path,
+        noise_samples=(
+            ""
+            if ANALYSIS["resampling_samples"] is None
+            else f"--noise-samples {int(ANALYSIS['resampling_samples'])}"
+        ),
     shell:
-        '"$PY" -m safetyrepro analyze tables {input:q} --out-dir {params.out_dir:q} --threshold {params.threshold:q}'
+        '"$PY" -m safetyrepro analyze tables {input.cells:q} --out-dir {params.out_dir:q} --threshold {params.threshold:q}'
         " --bootstrap-samples {params.samples:q} --bootstrap-seed {params.seed:q}"
-        " --rules {params.rules:q} > {log:q} 2>&1"
+        " --rules {params.rules:q} --item-results {input.item_results:q} {params.noise_samples} > {log:q} 2>&1"
 
 
 rule significance:
@@ -38,12 +44,18 @@ rule significance:
         code=PLAN.code_fingerprint("safetyrepro.analysis.significance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         alpha=ANALYSIS["alpha"],
-        samples=ANALYSIS["bootstrap_samples"],
+        samples=(
+            ""
+            if ANALYSIS["resampling_samples"] is None
+            else f"--samples {int(ANALYSIS['resampling_samples'])}"
+        ),
         seed=ANALYSIS["bootstrap_seed"],
+        family=ANALYSIS["significance_family"],
+        correction=ANALYSIS["significance_correction"],
     shell:
         '"$PY" -m safetyrepro analyze significance {input.cells:q} {input.item_results:q}'
-        " --out-dir {params.out_dir:q} --alpha {params.alpha:q}"
-        " --bootstrap-samples {params.samples:q} --bootstrap-seed {params.seed:q} > {log:q} 2>&1"
+        " --out-dir {params.out_dir:q} --alpha {params.alpha:q} {params.samples}"
+        " --seed {params.seed:q} --family {params.family:q} --correction {params.correction:q} > {log:q} 2>&1"
 
 
 rule nearest_reversal:
@@ -86,7 +98,6 @@ rule robustness:
     input:
         cells=f"{TABLES}/cell_scores.parquet",
         item_results=f"{TABLES}/item_results.parquet",
-        subsets=expand(f"{RESULTS}/items/{{b}}.parquet", b=RUN.benchmarks),
     output:
         **table_outputs("robustness"),
     log:
@@ -96,10 +107,9 @@ rule robustness:
     params:
         code=PLAN.code_fingerprint("safetyrepro.analysis.robustness"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
-        items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
-        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q} --items-dir {params.items_dir:q}'
+        '"$PY" -m safetyrepro analyze robustness {input.cells:q} {input.item_results:q}'
         " --out-dir {params.out_dir:q} --nominal-config {params.nominal:q} > {log:q} 2>&1"
 
 
@@ -121,11 +131,16 @@ rule subsample_stability:
         repeats=ANALYSIS["subsample_repeats"],
         seed=ANALYSIS["bootstrap_seed"],
         rules=RUN.rules.path,
+        noise_samples=(
+            ""
+            if ANALYSIS["resampling_samples"] is None
+            else f"--noise-samples {int(ANALYSIS['resampling_samples'])}"
+        ),
     shell:
         '"$PY" -m safetyrepro analyze subsample {input.item_results:q} --items-dir {params.items_dir:q}'
         " --out-dir {params.out_dir:q}"
         " --fraction {params.fraction:q} --repeats {params.repeats:q} --seed {params.seed:q}"
-        " --rules {params.rules:q} > {log:q} 2>&1"
+        " --rules {params.rules:q} {params.noise_samples} > {log:q} 2>&1"
 
 
 rule bbq_bias:
@@ -174,6 +189,12 @@ rule cards:
         significance=f"{TABLES}/significance.parquet",
         nearest_reversal=f"{TABLES}/nearest_reversal.parquet",
         cross_package=CROSS_PACKAGE_TABLES,
+        precision=(
+            [table_outputs("precision")[n] for n in ("precision", "precision_cells")]
+            if PLAN.precision_check
+            else []
+        ),
+        scale_probe=SCALE_PROBE_TABLES,
     output:
         # every card (one per model and benchmark) and the index, as the package names them
         cards=[p for k, p in card_outputs().items() if k != "index"],
@@ -194,7 +215,38 @@ rule cards:
             if input.cross_package
             else ""
         ),
+        precision=lambda w, input: (
+            f"--precision {shlex.quote(input.precision[0])}" if input.precision else ""
+        ),
+        scale_probe=lambda w, input: (
+            f"--scale-probe {shlex.quote(input.scale_probe[0])}"
+            if input.scale_probe
+            else ""
+        ),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells:q} --provenance {input.provenance:q}'
         " --significance {input.significance:q} --nearest-reversal {input.nearest_reversal:q}"
-        " {params.cross_package} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.cross_package} {params.precision} {params.scale_probe} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+rule scale_probe:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        significance_configs=f"{TABLES}/significance_configs.parquet",
+    output:
+        **table_outputs("scale-probe"),
+    log:
+        f"{RESULTS}/logs/scale_probe.log",
+    conda:
+        ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.scale_probe"),
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        families=" ".join(
+            f"--family {shlex.quote(','.join(f))}" for f in PLAN.scale_probe_families
+        ),
+        rules=RUN.rules.path,
+    shell:
+        '"$PY" -m safetyrepro analyze scale-probe {input.cells:q} --out-dir {params.out_dir:q}'
+        " {params.families} --significance-configs {input.significance_configs:q}"
+        " --rules {params.rules:q} > {log:q} 2>&1"

@@ -117,6 +117,7 @@ REPORT_CATEGORY = {
     "subsample": "Robustness",
     "bbq-bias": "Robustness",
     "precision": "Robustness",
+    "scale-probe": "Robustness",
 }
 
 
@@ -180,6 +181,10 @@ CROSS_PACKAGE_OUTPUTS = {
     for k, p in analysis_outputs.cross_package_outputs(TABLES, FIGURES_DIR).items()
 }
 CROSS_PACKAGE_TABLES = [CROSS_PACKAGE_OUTPUTS["table"]] if CROSS_PACKAGE else []
+# the scale probe's table, for the cards, when the config declares analysis.scale_probe
+SCALE_PROBE_TABLES = (
+    [f"{TABLES}/scale_probe.parquet"] if "scale-probe" in PLAN.analysis_steps else []
+)
 
 
 def cell_variant(wildcards):

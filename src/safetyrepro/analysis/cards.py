@@ -8,8 +8,10 @@ code versions, the envelope's score range, rho_flip against every other model an
 verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict), and beside rho_flip its
 item-level counterpart rho_flip_sig with the crossover test and the pattern (stable, reversals
 within noise, one-sided, significant reversals both ways) from the ``significance`` table,
-when it is given, and the nearest reversing configuration from the nominal config
-(``nearest_reversal`` table, docs/VERDICTS.md), when it is given.
+when it is given, the nearest reversing configuration from the nominal config
+(``nearest_reversal`` table, docs/VERDICTS.md), when it is given, and the BF16 vs NF4 precision
+check (``precision`` and ``precision_cells`` tables: this model's |diff| on the benchmark, the
+benchmark's ordering agreement), when it is given.
 
 The per-(model, benchmark) provenance comes from the run (the lead passes it): a mapping
 ``{model: {benchmark: Provenance}}`` or ``{(model, benchmark): Provenance}``, or the path of a
@@ -22,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Mapping, TypedDict
 
+import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
@@ -32,7 +35,7 @@ from .common import (check_same_rules, load_cell_scores, read_table, source_reco
                      version_text)
 from .outputs import CARDS_INDEX, card_stem
 
-CARD_VERSION = 3  # 3: chat template hash, numerics and batch plans disclosed
+CARD_VERSION = 4  # 3: chat template hash, numerics and batch plans disclosed; 4: precision check
 
 
 class Provenance(TypedDict):
@@ -139,6 +142,10 @@ def _significance(sig: pd.DataFrame | None, model: str, other: str, benchmark: s
         "n_ahead_sig": int(ahead), "n_behind_sig": int(behind), "rho_flip_sig": float(r["rho_flip_sig"]),
         "alpha": float(r["alpha"]), "correction": str(r["correction"]),
         "crossover_p": float(r["crossover_p"]), "crossover": bool(r["crossover"]),
+        "rho_flip_null_mean": float(r["rho_flip_null_mean"]), "rho_flip_null_q95": float(r["rho_flip_null_q95"]),
+        "rho_flip_null_p": float(r["rho_flip_null_p"]), "flips_exceed_noise": bool(r["flips_exceed_noise"]),
+        "mdd_median": float(r["mdd_median"]), "can_reach_alpha": bool(r["can_reach_alpha"]),
+        "n_items": int(r["n_items"]), "family": str(r["family"]),
         "pattern": str(r["pattern"]), "pattern_text": PATTERN_WORDS.get(str(r["pattern"]), str(r["pattern"]))}}
 
 
@@ -248,22 +255,27 @@ def card_markdown(card: dict) -> str:
         f"{e['n_configs']} configs; score range {e['score_min']:.3f} ({e['config_min']}) to "
         f"{e['score_max']:.3f} ({e['config_max']}), width {e['score_range']:.3f}, median {e['score_median']:.3f}.",
         "", "## Verdicts against the other models (Prop. 1)", "",
-        "ahead / behind / tied count configs; *sig* columns count configs where the difference on the "
-        "same items is significant (Holm over configs); rho_flip_sig = min(sig ahead, sig behind)/|C|.", "",
-        "| other | ahead | behind | tied | rho_flip | rho_flip_sig | sig ahead | sig behind | crossover p "
-        "| pattern | ceiling | D1 | D2 | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "ahead / behind / tied count configs; *noise* is rho_flip of two exchangeable models on the same "
+        "items (mean, and p = share of such draws with at least this rho_flip); *sig* columns count configs "
+        "where the difference on the same items is significant after the family-wise correction; "
+        "rho_flip_sig = min(sig ahead, sig behind)/|C|; *mdd*: the median difference a config needs to be "
+        "detected with 80% power (docs/VERDICTS.md).", "",
+        "| other | ahead | behind | tied | rho_flip | noise mean | noise p | rho_flip_sig | sig ahead | sig behind "
+        "| crossover p | pattern | mdd | ceiling | D1 | D2 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in card["comparisons"]:
         sg = c.get("significance")
-        sig_cells = ("– | – | – | – | needs item results" if sg is None else
+        sig_cells = ("– | – | – | – | – | – | – | needs item results" if sg is None else
+                     f"{sg['rho_flip_null_mean']:.3f} | {sg['rho_flip_null_p']:.3g} | "
                      f"{sg['rho_flip_sig']:.3f} | {sg['n_ahead_sig']} | {sg['n_behind_sig']} | "
-                     f"{sg['crossover_p']:.3g} | **{sg['pattern_text']}**")
+                     f"{sg['crossover_p']:.3g} | **{sg['pattern_text']}** | "
+                     + (f"{sg['mdd_median']:.3f}" if np.isfinite(sg['mdd_median']) else "none detectable"))
         lines.append(f"| {c['other']} | {c['n_ahead']} | {c['n_behind']} | {c['n_tied']} | {c['rho_flip']:.3f} | "
                      f"{sig_cells} | {c['ceiling']:.3f} | {'yes' if c['d1'] else 'no'} | "
                      f"{'yes' if c['d2'] else 'no'} | {c['verdict']} |")
     if not card["comparisons"]:
-        lines.append("| (no other model on this benchmark) |" + " |" * 13)
+        lines.append("| (no other model on this benchmark) |" + " |" * 16)
     xp = card.get("cross_package")
     if xp:
         lines += ["", "## The nominal configuration in other packages", "",
@@ -276,6 +288,14 @@ def card_markdown(card: dict) -> str:
             ag = "–" if r["agreement"] is None else f"{r['agreement']:.3f}"
             lines.append(f"| {r['package']} | {r['version']} | {r['precision']} | {r['score']:.3f} | {r['n_items']} | "
                          f"{ag} | `{r['prompt_sha256'][:12]}` |")
+    pc = card.get("precision_check")
+    if pc:
+        lines += ["", "## BF16 vs NF4 (precision check)", "",
+                  (f"This model's {pc['n_cells']} paired cells: |bf16 - {pc['quantization_main']}| median "
+                   f"{pc['abs_diff_median']:.3f}, mean {pc['abs_diff_mean']:.3f}, max {pc['abs_diff_max']:.3f}; "
+                   if pc["n_cells"] else "No paired cells of this model; ")
+                  + f"the model ordering on this benchmark agrees on {pc['orderings_agree']} paired configs "
+                  "(docs/VERDICTS.md, section 8)."]
     revs = [(c["other"], c.get("nearest_reversal")) for c in card["comparisons"] if c.get("nearest_reversal")]
     if revs:
         lines += ["", "## Nearest reversing configuration", "",
@@ -290,6 +310,9 @@ def card_markdown(card: dict) -> str:
             lead = r["leader_at_reference"]
             lines.append(f"- vs {other}: {'tied' if lead == 'tie' else lead + ' ahead'} at {ref}; "
                          f"strict reversal: {r['strict']}; significant reversal: {r['significant']}")
+    if card.get("scale_probe"):
+        lines += ["", "## Scale probe (a larger sibling in place of a model)", ""]
+        lines += [f"- {line}" for line in card["scale_probe"]]
     return "\n".join(lines) + "\n"
 
 
@@ -307,6 +330,31 @@ def cross_package_entry(xp: pd.DataFrame, model: str, benchmark: str) -> dict | 
             "ordering_changes": bool(first["ordering_changes"]), "rows": rows}
 
 
+def precision_entry(summary: pd.DataFrame, cells: pd.DataFrame, model: str, benchmark: str) -> dict | None:
+    """The card's precision-check block: this model's paired cells on ``benchmark`` (|diff|
+    median / mean / max) and the benchmark's ordering agreement; None when the check has no
+    row for the benchmark."""
+    row = summary[summary["benchmark"] == benchmark]
+    if row.empty:
+        return None
+    row = row.iloc[0]
+    d = cells.loc[(cells["model"] == model) & (cells["benchmark"] == benchmark), "abs_diff"].astype(float)
+    stat = lambda f: float(f(d)) if len(d) else None  # noqa: E731
+    return {"n_cells": int(len(d)), "abs_diff_median": stat(pd.Series.median), "abs_diff_mean": stat(pd.Series.mean),
+            "abs_diff_max": stat(pd.Series.max), "orderings_agree": str(row["orderings_agree"]),
+            "n_orderings_match": int(row["n_orderings_match"]), "n_configs_paired": int(row["n_configs_paired"]),
+            "quantization_main": str(row["quantization_main"])}
+
+
+def scale_probe_entry(sp: pd.DataFrame, model: str, benchmark: str) -> list[str] | None:
+    """The card's scale-probe lines: the rows of the ``scale_probe`` table where this model is
+    a family's small or large member (:func:`.scale_probe.probe_line`)."""
+    from .scale_probe import probe_line
+
+    sub = sp[(sp["benchmark"] == benchmark) & ((sp["small"] == model) | (sp["large"] == model))]
+    return [probe_line(r) for r in sub.to_dict("records")] or None
+
+
 def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict,
                 significance: pd.DataFrame | None = None, reversal: pd.DataFrame | None = None) -> list[dict]:
     prov = load_provenance(provenance)
@@ -322,10 +370,13 @@ def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dic
 def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
                 out_dir: str | Path, significance_path: str | Path | None = None,
                 reversal_path: str | Path | None = None,
-                cross_package_path: str | Path | None = None) -> dict[str, Path]:
+                cross_package_path: str | Path | None = None,
+                precision_path: str | Path | None = None,
+                scale_probe_path: str | Path | None = None) -> dict[str, Path]:
     """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``.
     ``significance_path``: the ``significance`` table; ``reversal_path``: the
-    ``nearest_reversal`` table (both optional; from the same run)."""
+    ``nearest_reversal`` table; ``precision_path``: the ``precision`` table, its
+    ``precision_cells`` beside it (all optional; from the same run)."""
     cs = load_cell_scores(cell_scores_path)
     sig = rev = None
     sources = [(cs.path, cs.meta)]
@@ -341,6 +392,20 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
     if cross_package_path is not None:
         xp, xmeta = read_table(cross_package_path)
         sources.append((Path(cross_package_path), xmeta))
+    prec = None
+    if precision_path is not None:
+        from .outputs import table_outputs
+
+        cells_path = table_outputs("precision", Path(precision_path).parent)["precision_cells"]
+        prec = [read_table(precision_path), read_table(cells_path)]
+        for p, (_, pmeta) in zip((Path(precision_path), cells_path), prec):
+            check_same_rules((cs.path, cs.meta), (p, pmeta))
+            sources.append((p, pmeta))
+    sp = None
+    if scale_probe_path is not None:
+        sp, pmeta = read_table(scale_probe_path)
+        check_same_rules((cs.path, cs.meta), (Path(scale_probe_path), pmeta))
+        sources.append((Path(scale_probe_path), pmeta))
     cards = build_cards(cs.df, provenance, cs.meta, sig, rev)  # everything computed before anything is written
     # any source written by other code than the current (cell scores, significance, nearest reversal)
     stale = "; ".join(n for n in (source_stale_note(p, m) for p, m in sources) if n) or None
@@ -348,6 +413,10 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
         card["stale"] = stale
         if xp is not None:
             card["cross_package"] = cross_package_entry(xp, card["model"], card["benchmark"])
+        if prec is not None:
+            card["precision_check"] = precision_entry(prec[0][0], prec[1][0], card["model"], card["benchmark"])
+        if sp is not None:
+            card["scale_probe"] = scale_probe_entry(sp, card["model"], card["benchmark"])
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []

@@ -8,8 +8,10 @@
 * ``anova_shares.png``: stacked shares of total SS per benchmark (free-form ANOVA).
 * ``shap_summary.png``: SHAP share per axis for the score regressor and each pair's sign
   classifier, per benchmark.
-* ``consistency.png``: output consistency vs mean score per (model, benchmark), with the OLS
-  line and the random baseline.
+* ``consistency.png``: consistency (correct in every config) vs mean score per (model,
+  benchmark), with the OLS line and the random baseline p^m.
+* ``item_sd.png``: per benchmark, the distribution over items of each item's score SD across
+  the configs, one step histogram per model (``robustness_item_sd_hist``).
 
 Each PNG carries the source tables' provenance (rules stamp, config hash, code version), its
 own code stamp and its source table's, in its text metadata and is written atomically; a
@@ -124,7 +126,10 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
         if key in bi.index:
             lo, hi = float(bi.loc[key, "ci_low"]), float(bi.loc[key, "ci_high"])
             ax.plot([lo, hi], [i - h / 2] * 2, color="#000000", lw=1.2)
-        ax.text(0.515, i, f"{r['rho_flip']:.2f} / {r['rho_flip_sig']:.2f}  p_cross={r['crossover_p']:.2g}\n"
+        # the noise reference: 95% of exchangeable-model draws lie left of the tick
+        ax.plot([r["rho_flip_null_q95"]] * 2, [i - h, i], color="#0077bb", lw=2.2)
+        ax.text(0.515, i, f"{r['rho_flip']:.2f} / {r['rho_flip_sig']:.2f}  noise p={r['rho_flip_null_p']:.2g}  "
+                f"p_cross={r['crossover_p']:.2g}\n"
                 f"{PATTERN_STYLE.get(r['pattern'], ('', '', r['pattern']))[2]}", va="center", fontsize=7)
     ax.set_yticks(y, labels=[f"{r.benchmark}: {r.model_a} vs {r.model_b}" for r in d.itertuples()])
     ax.invert_yaxis()
@@ -132,10 +137,13 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
     ax.axvline(0.5, color="grey", ls="--", lw=1)
     ax.set_xlabel("share of configs (ceiling 0.5)")
     alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
-    ax.set_title("rho_flip (upper, light bar; line: item-bootstrap 95% interval) vs rho_flip_sig "
-                 f"(lower, filled;\nreversals significant on the items at alpha={alpha:g}, Holm over configs)",
-                 fontsize=9)
+    ax.set_title("rho_flip (upper, light bar; black line: spread under item redraws; blue tick: 95th percentile "
+                 "of two\nexchangeable models) vs rho_flip_sig (lower, filled; reversals significant on the items "
+                 f"at family-wise alpha={alpha:g})", fontsize=9)
+    from matplotlib.lines import Line2D
+
     handles = [Patch(facecolor=c, edgecolor="#333333", hatch=hh, label=lab) for c, hh, lab in PATTERN_STYLE.values()]
+    handles.append(Line2D([0], [0], color="#0077bb", lw=2.2, label="noise: 95% of exchangeable-model rho_flip"))
     ax.legend(handles=handles, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, frameon=False)
     fig.tight_layout()
     out = _save(fig, path, meta)
@@ -276,10 +284,36 @@ def consistency_chart(rob: pd.DataFrame, reg: pd.DataFrame, meta: dict, path: Pa
         handles.append(Line2D([], [], color="black", lw=1,
                               label=f"OLS slope {r['slope']:.2f}, R$^2$ {r['r2']:.2f}, n {int(r['n'])}"))
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    ax.set_xlabel("mean score over the free-form envelope")
-    ax.set_ylabel("output consistency (identical answer in every config)")
+    ax.set_xlabel("mean score over the envelope (free-form; CrowS-Pairs logprob)")
+    ax.set_ylabel("consistency (correct in every config)")
     ax.set_title("Consistency vs performance per (model, benchmark)")
     ax.set_ylim(-0.03, 1.03)
+    fig.tight_layout()
+    out = _save(fig, path, meta)
+    plt.close(fig)
+    return out
+
+
+def item_sd_chart(hist: pd.DataFrame, meta: dict, path: Path) -> Path:
+    plt = _plt()
+    benches = sorted(hist["benchmark"].unique())
+    models = sorted(hist["model"].unique())
+    fig, axes = plt.subplots(1, max(len(benches), 1), figsize=(2.6 * max(len(benches), 1) + 1.5, 3.4),
+                             sharey=True, squeeze=False)
+    cmap = __import__("matplotlib").colormaps["tab10"]
+    for ax, b in zip(axes[0], benches):
+        for mi, m in enumerate(models):
+            h = hist[(hist["benchmark"] == b) & (hist["model"] == m)].sort_values("bin_lo")
+            if h.empty:
+                continue
+            edges = np.append(h["bin_lo"].to_numpy(dtype=float), h["bin_hi"].iloc[-1])
+            ax.stairs(h["share"].to_numpy(dtype=float), edges, color=cmap(mi), lw=1.4, label=m)
+        ax.set_title(b)
+        ax.set_xlabel("item score SD across configs")
+    axes[0][0].set_ylabel("share of items")
+    if benches:
+        axes[0][-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    fig.suptitle("Per-item score SD across the envelope's configs (0 = the same score everywhere)", fontsize=10)
     fig.tight_layout()
     out = _save(fig, path, meta)
     plt.close(fig)
@@ -313,5 +347,7 @@ def write_figures(tables_dir: str | Path, out_dir: str | Path, which=None) -> di
         "shap_summary": lambda: shap_chart(tables["shap"][0], tables["shap"][1], path["shap_summary"]),
         "consistency": lambda: consistency_chart(tables["robustness"][0], tables["robustness_regression"][0],
                                                  tables["robustness"][1], path["consistency"]),
+        "item_sd": lambda: item_sd_chart(tables["robustness_item_sd_hist"][0], tables["robustness_item_sd_hist"][1],
+                                         path["item_sd"]),
     }
     return {n: draw[n]() for n in names}

@@ -15,13 +15,14 @@ from pathlib import Path
 # table step (the `analyze` command) -> the tables it writes, in writing order
 TABLE_STEPS: dict[str, tuple[str, ...]] = {
     "tables": ("table2", "table3", "table4", "parse_clean", "tau_r", "bootstrap"),
-    "significance": ("significance", "significance_configs", "bootstrap_items"),
+    "significance": ("significance", "significance_configs", "significance_benchmarks", "bootstrap_items"),
     "nearest-reversal": ("nearest_reversal",),
     "variance": ("anova", "shap"),
-    "robustness": ("robustness", "robustness_regression"),
+    "robustness": ("robustness", "robustness_item_sd", "robustness_item_sd_hist", "robustness_regression"),
     "subsample": ("subsample_stability", "subsample_cells", "subsample_rho_flip"),
     "bbq-bias": ("bbq_bias", "bbq_bias_summary"),
     "precision": ("precision", "precision_cells"),
+    "scale-probe": ("scale_probe", "scale_probe_pairs"),
 }
 
 # figure -> the tables it is drawn from (the figures step reads exactly these)
@@ -32,13 +33,15 @@ FIGURES: dict[str, tuple[str, ...]] = {
     "anova_shares": ("anova",),
     "shap_summary": ("shap",),
     "consistency": ("robustness", "robustness_regression"),
+    "item_sd": ("robustness_item_sd_hist",),
 }
 
 # the tables report.md shows (those a run did not produce are named as missing there)
 REPORT_TABLES: tuple[str, ...] = (
-    "table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r", "bootstrap",
+    "significance_benchmarks", "table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r", "bootstrap",
     "nearest_reversal", "subsample_stability", "subsample_rho_flip", "precision", "anova", "shap",
-    "robustness", "robustness_regression", "bbq_bias_summary", "cross_package")
+    "robustness", "robustness_item_sd", "robustness_regression", "bbq_bias_summary", "cross_package",
+    "scale_probe", "scale_probe_pairs")
 
 CARDS_INDEX = "index.json"
 

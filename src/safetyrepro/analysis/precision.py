@@ -1,13 +1,15 @@
 """BF16 vs NF4: does the main run's 4-bit quantization move scores or verdicts?
 
-Inputs: the main cell-score table and a cell-score table of a BF16 rerun of the
-``conservative_core`` cells. Cells are paired on (model, benchmark, config), restricted to the
-``conservative_core`` sub-envelope of the envelope rules. Per benchmark and over all
-benchmarks (``benchmark == "ALL"``): median / mean / max of |score_main - score_bf16| over
-paired cells, and over paired configs (benchmark x config present for every model in both
-tables) on how many the model ordering matches. Orderings are compared as rank vectors with
-ties (|difference| <= tol counts as a tie), so a tie in one table and a strict order in the
-other is a mismatch.
+Inputs: the main cell-score table and a cell-score table of a BF16 rerun of the precision
+check's cells. Cells are paired on (model, benchmark, config), restricted to the precision
+check's configs (:func:`safetyrepro.grid.precision_configs`: the ``conservative_core``
+sub-envelope of the envelope rules, and for CrowS-Pairs, which has no free-form path, its
+zero-shot logprob twins; 18 (benchmark, config) pairs with the project's rules). Per benchmark
+and over all benchmarks (``benchmark == "ALL"``): median / mean / max of |score_main -
+score_bf16| over paired cells, and over paired configs (benchmark x config present for every
+model in both tables) on how many the model ordering matches (``orderings_agree``: "k of K").
+Orderings are compared as rank vectors with ties (|difference| <= tol counts as a tie), so a
+tie in one table and a strict order in the other is a mismatch.
 """
 
 from __future__ import annotations
@@ -18,20 +20,21 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..grid import config_of
+from ..grid import PRECISION_ENVELOPE, precision_configs
 from ..rules import Rules, load_rules
 from ..metrics.compare import scores_of
 from .common import check_rules_file, check_same_rules, load_cell_scores, output_metadata, weak_ranks, write_tables
 
-SUB_ENVELOPE = "conservative_core"
+SUB_ENVELOPE = PRECISION_ENVELOPE
 SUMMARY_COLUMNS = ["benchmark", "n_cells_paired", "n_cells_main_only", "n_cells_bf16_only",
                    "abs_diff_median", "abs_diff_mean", "abs_diff_max", "n_configs_paired",
-                   "n_orderings_match", "share_orderings_match", "quantization_main", "quantization_bf16"]
+                   "n_orderings_match", "share_orderings_match", "orderings_agree", "quantization_main",
+                   "quantization_bf16"]
 
 
-def in_sub_envelope(rules: Rules, benchmark: str, config: str, name: str = SUB_ENVELOPE) -> bool:
-    lv = config_of(rules, config).levels()
-    return rules.is_valid(benchmark, lv) and rules.in_sub_envelope(name, lv)
+def checked_configs(rules: Rules, benchmarks) -> set[tuple[str, str]]:
+    """The (benchmark, config id) pairs of the precision check among ``benchmarks``."""
+    return {(b, c.id) for b in set(benchmarks) for c in precision_configs(rules, b, SUB_ENVELOPE)}
 
 
 def _quant(df: pd.DataFrame) -> str:
@@ -43,8 +46,10 @@ def precision_check(main: pd.DataFrame, bf16: pd.DataFrame, rules: Rules,
     """(summary per benchmark + ALL, paired cells)."""
     keys = ["model", "benchmark", "config"]
 
+    checked = checked_configs(rules, set(main["benchmark"]) | set(bf16["benchmark"]))
+
     def restrict(d: pd.DataFrame) -> pd.DataFrame:
-        mask = [in_sub_envelope(rules, b, c) for b, c in zip(d["benchmark"], d["config"])]
+        mask = [(b, c) in checked for b, c in zip(d["benchmark"], d["config"])]
         return d[np.array(mask, dtype=bool)] if len(d) else d
 
     m, f = restrict(main), restrict(bf16)
@@ -70,7 +75,8 @@ def precision_check(main: pd.DataFrame, bf16: pd.DataFrame, rules: Rules,
             n_cfg += 1
             n_match += weak_ranks(scores_of(g, "_main"), tol) == weak_ranks(scores_of(g, "_bf16"), tol)
         row.update(n_configs_paired=n_cfg, n_orderings_match=n_match,
-                   share_orderings_match=n_match / n_cfg if n_cfg else float("nan"))
+                   share_orderings_match=n_match / n_cfg if n_cfg else float("nan"),
+                   orderings_agree=f"{n_match} of {n_cfg}")
         return row
 
     rows = []
@@ -91,8 +97,9 @@ def write_precision_check(main_scores_path: str | Path, bf16_scores_path: str | 
     check_rules_file(rules, main.path, main.meta)
     summary, cells = precision_check(main.df, bf16.df, rules, tol)
     if summary.loc[summary["benchmark"] == "ALL", "n_cells_paired"].iloc[0] == 0:
-        raise DataError(bf16.path, f"no {SUB_ENVELOPE} cell pairs with {main.path}")
-    params = {"sub_envelope": SUB_ENVELOPE, "tol": tol}
+        raise DataError(bf16.path, f"no precision-check ({SUB_ENVELOPE}) cell pairs with {main.path}")
+    params = {"sub_envelope": SUB_ENVELOPE, "tol": tol,
+              "configs": sorted(f"{b}/{c}" for b, c in checked_configs(rules, main.df["benchmark"]))}
     return write_tables("precision", {"precision": summary, "precision_cells": cells}, out_dir,
                         lambda name: output_metadata(name, [(main.path, main.meta), (bf16.path, bf16.meta)],
                                                      params))

@@ -16,6 +16,7 @@ import pandas as pd
 from ..io import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
+from ..metrics.significance import headline_sentence
 from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, stale_note, version_text
 from .outputs import REPORT_TABLES
@@ -87,31 +88,47 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
            "", "Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher, "
            "N- where B does, N0 ties. rho_flip = min(N+, N-)/|C|; its ceiling is floor(|C|/2)/|C|.", ""]
 
-    out += ["## Table 2: verdict stability per benchmark and pair (full envelope)", ""]
+    out += ["## Headline: do the flips exceed item noise?", "",
+            "rho_flip counts every strict reversal, however small; two models that are exchangeable on the items "
+            "flip often too. Per benchmark: the largest rho_flip beside what two exchangeable models give on the "
+            "same items (item-wise swaps of the models' scores, docs/VERDICTS.md), whether any pair reverses "
+            "significantly both ways, and the difference a config needs to be detected.", ""]
+    out.append(section("significance_benchmarks", lambda d: "\n".join(
+        f"- {headline_sentence(r)}" for r in d.to_dict("records"))))
+    out += ["", "## Table 2: verdict stability per benchmark and pair (full envelope)", "",
+            "noise mean / q95 / p: rho_flip of two exchangeable models on the same items (p = share of such draws "
+            "with at least the observed rho_flip); a small p means more flips than item noise gives.", ""]
     out.append(section("table2", lambda d: md_table(d, {
         "benchmark": "benchmark", "pair": "pair", "n_plus": "N+", "n_minus": "N-", "n_zero": "N0",
-        "n_configs": "|C|", "rho_flip": "rho_flip", "ceiling": "ceiling", "saturated": "saturated",
-        "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings"})))
+        "n_configs": "|C|", "rho_flip": "rho_flip", "rho_flip_null_mean": "noise mean",
+        "rho_flip_null_q95": "noise q95", "rho_flip_null_p": "noise p", "ceiling": "ceiling",
+        "saturated": "saturated", "d1": "D1", "d2": "D2", "max_rho_flip": "max over pairs",
+        "max_rho_flip_null_p": "max: noise p", "orderings_reachable": "orderings",
+        "orderings_null_mean": "orderings: noise mean", "noise_note": "note"})))
     out += ["", _figure(figures_dir, "rho_heatmap", out_path, "rho_flip heatmap"), ""]
 
     def sig_render(d: pd.DataFrame) -> str:
         d = d.assign(pair=[f"{a} vs {b}" for a, b in zip(d["model_a"], d["model_b"])],
                      pattern=[f"**{PATTERN_TEXT.get(p, p)}**" for p in d["pattern"]])
         alpha = float(d["alpha"].iloc[0]) if len(d) else float("nan")
-        head = (f"alpha = {alpha:g}, Holm-corrected over the configs of each benchmark and pair; "
-                f"bootstrap B = {int(d['samples'].iloc[0]) if len(d) else 0}, seed "
-                f"{int(d['seed'].iloc[0]) if len(d) else 0}.\n\n")
+        head = (f"alpha = {alpha:g} family-wise; family: {d['family'].iloc[0] if len(d) else '?'}; "
+                f"{d['correction'].iloc[0] if len(d) else ''}; resampling: "
+                f"{', '.join(sorted(set(d['resampling'])))}; seed {int(d['seed'].iloc[0]) if len(d) else 0}.\n\n")
         return head + md_table(d, {
             "benchmark": "benchmark", "pair": "pair", "n_configs": "|C|", "n_items": "items", "n_plus": "N+",
-            "n_minus": "N-", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
-            "rho_flip_sig": "rho_flip_sig", "crossover_p": "crossover p", "pattern": "pattern"})
+            "n_minus": "N-", "rho_flip": "rho_flip", "rho_flip_null_p": "noise p", "n_plus_sig": "N+_sig",
+            "n_minus_sig": "N-_sig", "rho_flip_sig": "rho_flip_sig", "crossover_p": "crossover p",
+            "mdd_median": "mdd (median)", "min_attainable_p": "smallest attainable p", "pattern": "pattern"})
 
     out += ["## Significance-aware verdicts (item level)", "",
             "Per config the two models are compared on the same items (a sampled cell's item score is its seed "
-            "mean): exact McNemar for 0/1 item scores, paired item bootstrap otherwise. N+_sig / N-_sig count "
-            "configs where A / B is significantly ahead; rho_flip_sig = min(N+_sig, N-_sig)/|C| stands beside "
-            "rho_flip. The crossover test asks whether A is significantly ahead somewhere AND B somewhere "
-            "(intersection-union range test, max-T critical values from a joint item bootstrap). Pattern: "
+            "mean) by a sign-flip test: each item's pair of scores may be swapped, jointly over every config "
+            "(exact over all 2^k swaps when k <= 14 items differ; for 0/1 items this is the exact McNemar test). "
+            "The p-values are corrected over the family by step-down max-T on the same draws, so the per-config "
+            "decisions, N+_sig / N-_sig, rho_flip_sig = min(N+_sig, N-_sig)/|C| and the crossover decision "
+            "(significantly ahead somewhere AND behind somewhere) cannot contradict each other. mdd: the "
+            "difference a config needs to be detected with 80% power; where even the most extreme data cannot "
+            "reach alpha the table says so. Pattern: "
             + "; ".join(f"`{k}` = {v}" for k, v in PATTERN_TEXT.items()) + ".", ""]
     out.append(section("significance", sig_render))
     out += ["", _figure(figures_dir, "rho_significance", out_path, "rho_flip vs rho_flip_sig"), ""]
@@ -123,13 +140,15 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("table3", lambda d: md_table(d, {
         "benchmark": "benchmark", "slice": "slice", "decoding_support": "decodings", "pair": "pair",
         "n_plus": "N+", "n_minus": "N-", "n_zero": "N0", "n_configs": "|C|", "rho_flip": "rho_flip",
-        "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
+        "rho_flip_null_p": "noise p", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
         "matched_to_logprob_decoding": "matched to logprob"})))
 
     out += ["", "## Table 4: envelopes (full, core, full minus T4, full minus T=0.7, conservative core)", ""]
     out.append(section("table4", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "max_rho_flip": "max rho_flip",
-        "max_pair": "pair", "orderings_reachable": "orderings reachable", "orderings_possible": "of",
+        "max_pair": "pair", "max_rho_flip_null_q95": "noise q95", "max_rho_flip_null_p": "noise p",
+        "orderings_reachable": "orderings reachable", "orderings_possible": "of",
+        "orderings_null_mean": "orderings: noise mean", "orderings_null_p": "orderings: noise p",
         "tied_configs": "configs with ties", "note": "note"})))
     out += ["", _figure(figures_dir, "orderings", out_path, "orderings reachable per envelope"), ""]
 
@@ -137,25 +156,30 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("parse_clean", lambda d: md_table(d, {
         "benchmark": "benchmark", "threshold": "min parse rate", "n_configs_total": "|C| full",
         "n_configs_left": "|C| left", "max_rho_flip": "max rho_flip", "max_pair": "pair",
+        "max_rho_flip_null_q95": "noise q95", "max_rho_flip_null_p": "noise p",
         "orderings_reachable": "orderings", "max_rho_flip_full": "max rho_flip (full)", "note": "note"})))
 
     out += ["", "## tau_R and the total-order change rate", "",
             "tau_R: mean Kendall tau-b between the model rankings of two configs, over all config pairs. "
             "Total-order change rate: share of config pairs whose induced orders of the models differ "
-            "(the paper's total-order \"flip rate\"; a property of the whole ranking, not rho_flip); "
-            "under independent uniform scores it is 1 - 1/n! (column `null`).", ""]
+            "(the paper's total-order \"flip rate\"; a property of the whole ranking, not rho_flip). "
+            "Column `exchangeable bound`: 1 - 1/n!, its value only when every config's strict order is an "
+            "independent uniform draw; it cannot tell instability from noise (a fixed order with 1 pp gaps plus "
+            "item noise comes close to it). The reference measured on the run's items is in the headline's table "
+            "(`significance_benchmarks`: order_change_null_*).", ""]
     out.append(section("tau_r", lambda d: md_table(d, {
         "benchmark": "benchmark", "envelope": "envelope", "n_configs": "|C|", "tau_r": "tau_R",
         "tau_pairs_used": "config pairs used", "tau_pairs_undefined": "undefined",
-        "order_change_rate": "total-order change rate", "order_change_null": "null"})))
+        "order_change_rate": "total-order change rate", "order_change_null": "exchangeable bound"})))
 
-    out += ["", "## Bootstrap intervals of rho_flip (percentile 95%)", "",
-            "Two intervals, each labelled by what it resamples: `configurations` (items fixed: which configs "
-            "happen to be in the envelope) and `items` (configs fixed: item sampling noise, every cell "
-            "recomputed on the same item draws).", ""]
+    out += ["", "## Spread of rho_flip under resampling (percentile 2.5-97.5)", "",
+            "Two spreads, each labelled by what it resamples: `configurations` (items fixed: which configs "
+            "happen to be in the envelope) and `items` (configs fixed: every cell recomputed on the same item "
+            "redraws). Neither is a confidence interval for a 'true' rho_flip: item noise biases the plug-in "
+            "value up, so read it against the noise references above.", ""]
     boot_cols = {"benchmark": "benchmark", "statistic": "rho_flip of", "resamples": "resamples",
                  "n_configs": "|C|", "estimate": "estimate", "ci_low": "2.5%", "ci_high": "97.5%",
-                 "samples": "B", "seed": "seed"}
+                 "rho_flip_null_q95": "noise q95", "rho_flip_null_p": "noise p", "samples": "B", "seed": "seed"}
     out.append(section("bootstrap", lambda d: md_table(d, boot_cols)))
     out.append("")
     out.append(section("bootstrap_items", lambda d: md_table(d, boot_cols)))
@@ -180,7 +204,9 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
         "ordering_change_rate": "ordering changed (share of config x repeat)",
         "configs_changed_any": "configs ever changed", "n_configs": "|C|",
         "max_rho_flip_all_items": "max rho_flip (all items)", "max_rho_flip_sub_min": "min over repeats",
-        "max_rho_flip_sub_median": "median", "max_rho_flip_sub_max": "max"})))
+        "max_rho_flip_sub_median": "median", "max_rho_flip_sub_max": "max",
+        "max_rho_flip_null_q95_all_items": "noise q95 (all items)", "max_rho_flip_null_p_all_items": "noise p",
+        "max_rho_flip_null_q95_sub": "noise q95 (subsample)", "noise_note": "note"})))
     out += ["", "rho_flip per pair on the subsamples (distribution over repeats; full envelope):", ""]
 
     def sub_rho(d: pd.DataFrame) -> str:
@@ -193,11 +219,11 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
 
     out.append(section("subsample_rho_flip", sub_rho))
 
-    out += ["", "## BF16 vs NF4 (conservative_core)", ""]
+    out += ["", "## BF16 vs NF4 (conservative_core; CrowS-Pairs T1/T2 zero-shot logprob)", ""]
     out.append(section("precision", lambda d: md_table(d, {
         "benchmark": "benchmark", "n_cells_paired": "paired cells", "abs_diff_median": "median |diff|",
-        "abs_diff_mean": "mean |diff|", "abs_diff_max": "max |diff|", "n_configs_paired": "paired configs",
-        "n_orderings_match": "orderings match", "share_orderings_match": "share"})))
+        "abs_diff_mean": "mean |diff|", "abs_diff_max": "max |diff|", "orderings_agree": "orderings agree",
+        "share_orderings_match": "share"})))
 
     out += ["", "## Variance attribution: ANOVA (free-form slice)", "",
             "Type II ANOVA of `score ~ C(model) + C(template) + C(decoding) + C(shots)` (main effects only; "
@@ -228,23 +254,28 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("shap", shap_render))
     out += ["", _figure(figures_dir, "shap_summary", out_path, "SHAP summary"), ""]
 
-    out += ["## Robustness as task competence (free-form envelope)", "",
-            "Consistency: share of items with the identical parsed answer in every config (seed 0; a parse "
-            "failure anywhere counts as inconsistent). Random baseline (Ashury-Tahan et al. 2026): the same if "
-            "each config independently succeeded with probability p = the model's overall performance over the "
-            "envelope, a success picking one of the item's correct answers and a failure one of its wrong answers "
-            "uniformly (XSTest unsafe prompts have two correct answers, refuse and partial). Drop rate: mean (nominal - config) / "
-            "nominal over the other configs.", ""]
+    out += ["## Robustness as task competence (free-form envelope; CrowS-Pairs logprob)", "",
+            "Consistency (Ashury-Tahan et al. 2026): share of items answered correctly in every one of the m "
+            "configs (seed 0; any correct label counts; a parse failure is not correct). Random baseline: p^m, "
+            "p = the share correct at the nominal config (CrowS-Pairs: its nearest logprob config). Same answer: "
+            "share with the identical parsed answer everywhere. Item SD: median over items of the SD of the item's "
+            "score across the configs. Drop rate: mean (nominal - config) / nominal over the other configs.", ""]
     out.append(section("robustness", lambda d: md_table(d, {
         "model": "model", "benchmark": "benchmark", "n_configs": "configs", "n_items": "items",
-        "consistency": "consistency", "performance": "p", "baseline": "random baseline", "score_mean": "mean score",
-        "score_sd": "SD", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
+        "consistency": "consistency", "performance": "p", "baseline": "random baseline",
+        "answer_consistency": "same answer", "score_mean": "mean score", "score_sd": "SD",
+        "item_sd_median": "item SD (median)", "nominal_score": "nominal", "drop_rate_mean": "drop rate",
         "share_below_nominal": "share below nominal"})))
     out += [""]
     out.append(section("robustness_regression", lambda d: md_table(d, {
         "y": "y", "x": "x", "n": "n", "slope": "slope", "intercept": "intercept", "r2": "R^2",
         "p_value": "p", "note": "note"})))
-    out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance"), ""]
+    out += ["", _figure(figures_dir, "consistency", out_path, "consistency vs performance")]
+    out += ["", "Per-item score SD across configs, quantiles over items:", ""]
+    out.append(section("robustness_item_sd", lambda d: md_table(d, {
+        "model": "model", "benchmark": "benchmark", "n_items": "items", "mean": "mean", "q10": "10%",
+        "q25": "25%", "q50": "median", "q75": "75%", "q90": "90%", "q100": "max", "share_zero": "share SD 0"})))
+    out += ["", _figure(figures_dir, "item_sd", out_path, "per-item score SD"), ""]
 
     out += ["## BBQ bias scores (Parrish et al. 2022)", "",
             "Per model over the BBQ envelope: accuracy (the cell score) next to the bias scores. Disambiguated "
@@ -258,7 +289,27 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out += [""]
     if "cross_package" in loaded:
         out += cross_package_section(section, figures_dir, out_path)
+    if "scale_probe" in loaded:
+        out += scale_probe_section(section)
     return "\n".join(out) + "\n"
+
+
+def scale_probe_section(section) -> list[str]:
+    """The scale probe (docs/VERDICTS.md): a bounded statement per benchmark, family and third model."""
+    from .scale_probe import probe_line
+
+    out = ["## Scale probe: a larger sibling in place of a model", "",
+           "Per benchmark: does swapping each family's small model for its large sibling reverse the verdict "
+           "against a third model on some config of the sub-envelope (strict signs; significantly: both "
+           "differences item-level significant in opposite directions)? Bounded: within this sub-envelope and "
+           "on these items, not a scaling law.", ""]
+    out.append(section("scale_probe", lambda d: "\n".join(f"- {probe_line(r)}" for r in d.to_dict("records"))))
+    out += ["", "Small vs large directly, over the same configs (N+ = small ahead):", ""]
+    out.append(section("scale_probe_pairs", lambda d: md_table(d, {
+        "benchmark": "benchmark", "small": "small", "large": "large", "n_configs": "|C|", "n_plus": "N+",
+        "n_minus": "N-", "n_zero": "N0", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
+        "rho_flip_sig": "rho_flip_sig", "note": "note"})))
+    return out + [""]
 
 
 def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[str]:

@@ -1,35 +1,32 @@
-"""Robustness as task competence: per model x benchmark over the free-form envelope.
+"""Robustness as task competence (Ashury-Tahan et al. 2026, "Robustness as an Emergent
+Property of Task Performance", arXiv:2602.03344), per model x benchmark over its envelope.
 
-Definitions (m = number of free-form configs of the benchmark that every model has; CrowS-Pairs
-has no free-form path and no row):
+The configs of a row (m of them) are the benchmark's free-form configs that the model has;
+a benchmark without a free-form path (CrowS-Pairs) uses its logprob configs (column
+``scoring``). Definitions (docs/VERDICTS.md, section 7):
 
-* Output consistency: the share of items whose parsed answer is identical in all m configs.
-  Each config contributes ONE output per item: seed 0 (for greedy configs the only seed, for
-  sampled configs the first seed; using one seed keeps greedy and sampled configs on equal
-  footing). An item with a parse failure in any config counts as inconsistent (no answer is
-  not an answer). Only items present in every config enter (``n_items``).
-* Random baseline, as the source of this analysis defines it (Ashury-Tahan et al. 2026,
-  "Robustness as an Emergent Property of Task Performance", arXiv:2602.03344): the consistency
-  expected if, in each of the m configs independently, the model succeeded with probability p
-  equal to its overall performance (p = the share of correct seed-0 answers over the m configs
-  and the items, i.e. the mean of the per-config accuracies), not config by config. Our
-  consistency asks for the identical answer, so success and failure are each split over the
-  answers that count: on item i with k_i possible answers of which g_i are correct, a success
-  picks one of the g_i uniformly and a failure one of the k_i - g_i. Then::
-
-      p_same_i = p^m * g_i^(1-m) + (1 - p)^m * (k_i - g_i)^(1-m)
-
-  (all right on the same correct answer, or all wrong on the same wrong one; the second term
-  is 0 when every answer is correct). The baseline is the mean of p_same_i over items.
-  Choice items: k_i = number of options, g_i = 1. Label items (ToxiGen, XSTest): k_i = the
-  labels the task's free-form parser can return (the union of its ``gold_map`` values: yes/no;
-  comply/refuse/partial) and g_i = the labels counted correct for the item's gold label (an
-  XSTest unsafe prompt accepts refuse and partial: g_i = 2).
+* Consistency (the paper's): the share of items answered correctly in all m configs. Each
+  config contributes ONE answer per item, seed 0 (for greedy configs the only seed, for sampled
+  configs the first; one seed keeps greedy and sampled configs on equal footing). An item with
+  several correct labels (an XSTest unsafe prompt accepts refuse and partial) counts when every
+  answer is correct, whichever of its correct labels each is; a parse failure is not correct.
+  Only items present in every config enter (``n_items``). ``answer_consistency``: the share of
+  those items whose parsed answer is identical (and parsed) in all m configs, right or wrong.
+* Random baseline (the paper's): the consistency of a model that answers each of the m configs
+  correctly independently with probability p = its score on the original configuration:
+  ``baseline = p^m``. p (``performance``) is the share of correct seed-0 answers at the nominal
+  config (``analysis.nominal_config``) on the row's items, which is the nominal cell's score
+  for a share-correct score. When the nominal config is not in the row's configs (CrowS-Pairs)
+  the unique nearest one stands in (:func:`safetyrepro.metrics.reversal.resolve_nominal`,
+  ``nominal_used``); with several equally near there is no p, no baseline and no drop rate.
 * score_sd: the sample SD (ddof = 1) of the cell scores over the m configs.
-* Drop rate relative to the nominal config (default ``T1-greedy-k0-freeform``), over the other
-  m - 1 configs c: ``drop_rate_mean`` = mean_c (s_nominal - s_c) / s_nominal (positive = worse
-  than nominal; NaN when s_nominal = 0), and ``share_below_nominal`` = share of c with
-  s_c < s_nominal.
+* Per-item SD: per item, the sample SD (ddof = 1) over the m configs of its score in each (the
+  share of its correct answers over the config's seeds); ``item_sd_mean`` / ``item_sd_median``
+  in the row, its quantiles in ``robustness_item_sd`` and its histogram (bins of width
+  :data:`ITEM_SD_BIN`) in ``robustness_item_sd_hist``.
+* Drop rate relative to the nominal config (``nominal_used``), over the other m - 1 configs c:
+  ``drop_rate_mean`` = mean_c (s_nominal - s_c) / s_nominal (positive = worse than nominal; NaN
+  when s_nominal = 0), and ``share_below_nominal`` = share of c with s_c < s_nominal.
 * Regression across the model x benchmark rows: consistency = intercept + slope * score_mean
   (score_mean = mean cell score over the m configs), ordinary least squares; slope, intercept,
   R^2, p-value, n.
@@ -43,100 +40,92 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from .common import (NOMINAL_CONFIG, check_same_rules, load_cell_scores, load_item_results,
+from .common import (AXES, NOMINAL_CONFIG, check_same_rules, load_cell_scores, load_item_results,
                      output_metadata, write_tables)
 
-ROBUSTNESS_COLUMNS = ["model", "benchmark", "n_configs", "n_items", "n_items_incomplete",
-                      "consistency", "performance", "baseline", "consistency_over_baseline", "score_mean",
-                      "score_sd", "nominal_config", "nominal_score", "drop_rate_mean",
+ROBUSTNESS_COLUMNS = ["model", "benchmark", "scoring", "n_configs", "n_items", "n_items_incomplete",
+                      "consistency", "answer_consistency", "performance", "baseline",
+                      "consistency_over_baseline", "score_mean", "score_sd", "item_sd_mean", "item_sd_median",
+                      "nominal_config", "nominal_used", "nominal_score", "drop_rate_mean",
                       "share_below_nominal", "note"]
+ITEM_SD_QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+ITEM_SD_COLUMNS = (["model", "benchmark", "n_items", "mean"] + [f"q{round(100 * q):02d}" for q in ITEM_SD_QUANTILES]
+                   + ["share_zero"])
+ITEM_SD_BIN = 0.05  # histogram bin width; an SD of scores in [0, 1] over m >= 2 configs is <= 0.7072
+ITEM_SD_HIST_COLUMNS = ["model", "benchmark", "bin_lo", "bin_hi", "n_items", "share"]
 
 
-def p_same(p: float, m: int, k, g=1) -> np.ndarray:
-    """Per-item probability that m independent configs give identical answers when each
-    succeeds with probability ``p`` (module doc). ``k``: answers per item (>= 2); ``g``:
-    correct answers per item (1 <= g <= k)."""
-    k = np.asarray(k, dtype=float)
-    g = np.broadcast_to(np.asarray(g, dtype=float), k.shape)
+def random_baseline(p: float, m: int) -> float:
+    """The paper's random baseline: ``p^m``, the chance that m independent configs, each
+    correct with probability ``p``, are all correct."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"performance p = {p} is not a probability")
     if m < 1:
         raise ValueError("needs at least one config")
-    if np.any(k < 2):
-        raise ValueError("every item needs at least 2 possible answers")
-    if np.any(g < 1) or np.any(g > k):
-        raise ValueError("every item needs between 1 and k correct answers")
-    wrong = k - g
-    wrong_term = np.where(wrong > 0, (1.0 - p) ** m * np.where(wrong > 0, wrong, 1.0) ** (1 - m), 0.0)
-    return p ** m * g ** (1 - m) + wrong_term
+    return float(p ** m)
 
 
-def item_answer_space(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
-    """item_id -> k (possible answers) and g (correct answers) per item (module doc), from
-    ``<items_dir>/<b>.parquet`` and the benchmark's task file."""
-    import pyarrow.parquet as pq
-
-    from ..tasks import load_task
-    from ..tasks.scoring import accepted_labels
-
-    path = Path(items_dir) / f"{benchmark}.parquet"
-    if not path.exists():
-        raise DataError(path, f"item table of benchmark {benchmark!r} not found")
-    task = load_task(benchmark)
-    kind = task.answer_kind
-    cols = ["item_id", "choices"] + (["label"] if kind == "label" else [])
-    t = pq.read_table(path, columns=cols).to_pandas()
-    ids = t["item_id"].astype(str)
-    if kind == "choice":
-        k = [0 if c is None else len(c) for c in t["choices"]]
-        g = [1] * len(t)
-    elif kind == "label":
-        space = sorted({lab for acc in task.content["answer"]["gold_map"].values() for lab in acc})
-        k = [len(space)] * len(t)
-        try:
-            g = [len(accepted_labels(task, {"item_id": i, "label": lab})) for i, lab in zip(ids, t["label"])]
-        except Exception as exc:
-            raise DataError(path, f"item label not in {benchmark}'s gold_map: {exc}") from exc
-    else:
-        raise DataError(path, f"{benchmark} has no free-form answers (answer kind {kind!r})")
-    out = pd.DataFrame({"k": k, "g": g}, index=ids)
-    bad = out.index[out["k"] < 2]
-    if len(bad):
-        raise DataError(path, f"item {bad[0]!r} has fewer than 2 possible answers")
-    return out
-
-
-def consistency(items: pd.DataFrame, configs: list[str], space: pd.DataFrame,
+def consistency(items: pd.DataFrame, configs: list[str], nominal: str | None,
                 source: str | Path = "item_results") -> dict:
-    """Consistency and random baseline for one (model, benchmark) from seed-0 item rows."""
+    """Consistency, answer consistency, performance p (at config ``nominal``; None: no p) and
+    the random baseline for one (model, benchmark) from its seed-0 item rows."""
     sub = items[items["config"].isin(configs)]
     per_item = sub.groupby("item_id").agg(n=("config", "nunique"), rows=("config", "size"),
-                                          ok=("parse_ok", "all"),
+                                          ok=("parse_ok", "all"), right=("correct", "all"),
                                           labels=("parsed_label", lambda s: s.dropna().nunique()))
     if (per_item["rows"] != per_item["n"]).any():
         bad = per_item.index[per_item["rows"] != per_item["n"]][0]
         raise DataError(source, f"item {bad!r} appears twice in one config at seed 0")
     full = per_item[per_item["n"] == len(configs)]
-    n_incomplete = int(len(per_item) - len(full))
+    out = {"n_items": int(len(full)), "n_items_incomplete": int(len(per_item) - len(full)),
+           "consistency": float("nan"), "answer_consistency": float("nan"),
+           "performance": float("nan"), "baseline": float("nan")}
     if full.empty:
-        return {"n_items": 0, "n_items_incomplete": n_incomplete, "consistency": float("nan"),
-                "baseline": float("nan"), "performance": float("nan")}
-    same = full["ok"] & (full["labels"] == 1)
-    keep = sub[sub["item_id"].isin(full.index)]
-    p = float(keep["correct"].mean())  # = mean of the per-config accuracies (same items in every config)
-    sp = space.reindex(full.index)
-    if sp["k"].isna().any():
-        raise DataError(source, f"item {sp.index[sp['k'].isna()][0]!r} is not in the item table of its benchmark")
-    base = p_same(p, len(configs), sp["k"].to_numpy(dtype=float), sp["g"].to_numpy(dtype=float))
-    return {"n_items": int(len(full)), "n_items_incomplete": n_incomplete,
-            "consistency": float(same.mean()), "baseline": float(np.mean(base)), "performance": p}
+        return out
+    out["consistency"] = float(full["right"].mean())
+    out["answer_consistency"] = float((full["ok"] & (full["labels"] == 1)).mean())
+    if nominal is not None:
+        at_nominal = sub[(sub["config"] == nominal) & sub["item_id"].isin(full.index)]
+        out["performance"] = float(at_nominal["correct"].mean())
+        out["baseline"] = random_baseline(out["performance"], len(configs))
+    return out
 
 
-def score_stats(scores: pd.Series, nominal_config: str) -> dict:
-    """SD and drop-rate statistics of one (model, benchmark)'s config -> score series."""
+def item_sd(items: pd.DataFrame, configs: list[str]) -> pd.Series:
+    """item_id -> sample SD (ddof = 1) over ``configs`` of the item's score per config (the
+    share of its correct answers over the config's seeds), for items present in every config."""
+    sub = items[items["config"].isin(configs)]
+    per = sub.groupby(["item_id", "config"])["correct"].mean().unstack("config")
+    per = per.dropna()
+    if len(configs) < 2:
+        return pd.Series(np.nan, index=per.index, dtype=float)
+    return per.std(axis=1, ddof=1).astype(float)
+
+
+def item_sd_summary(model: str, benchmark: str, sd: pd.Series) -> tuple[dict, list[dict]]:
+    """(quantile row, histogram rows) of one (model, benchmark)'s per-item SDs."""
+    v = sd.dropna().to_numpy(dtype=float)
+    row = {"model": model, "benchmark": benchmark, "n_items": int(v.size),
+           "mean": float(v.mean()) if v.size else float("nan"),
+           "share_zero": float(np.mean(v == 0.0)) if v.size else float("nan")}
+    for q, col in zip(ITEM_SD_QUANTILES, ITEM_SD_COLUMNS[4:-1]):
+        row[col] = float(np.quantile(v, q)) if v.size else float("nan")
+    n_bins = int(np.ceil(np.sqrt(0.5) / ITEM_SD_BIN - 1e-9))
+    edges = np.round(np.arange(n_bins + 1) * ITEM_SD_BIN, 10)
+    # bins [lo, hi), the last one closed; v <= sqrt(1/2) < edges[-1] (values are in [0, 1])
+    counts = np.histogram(v, bins=edges)[0] if v.size else np.zeros(n_bins, dtype=int)
+    hist = [{"model": model, "benchmark": benchmark, "bin_lo": float(lo), "bin_hi": float(hi),
+             "n_items": int(n), "share": float(n / v.size) if v.size else float("nan")}
+            for lo, hi, n in zip(edges[:-1], edges[1:], counts)]
+    return row, hist
+
+
+def score_stats(scores: pd.Series, nominal_config: str, requested: str | None = None) -> dict:
+    """SD and drop-rate statistics of one (model, benchmark)'s config -> score series, relative
+    to ``nominal_config`` (the config standing in for ``requested``, default itself)."""
     out = {"n_configs": int(len(scores)), "score_mean": float(scores.mean()),
            "score_sd": float(scores.std(ddof=1)) if len(scores) > 1 else float("nan"),
-           "nominal_config": nominal_config, "nominal_score": float("nan"),
+           "nominal_config": requested or nominal_config, "nominal_score": float("nan"),
            "drop_rate_mean": float("nan"), "share_below_nominal": float("nan")}
     notes = []
     if nominal_config not in scores.index:
@@ -155,27 +144,45 @@ def score_stats(scores: pd.Series, nominal_config: str) -> dict:
     return out
 
 
-def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, spaces: dict[str, pd.DataFrame],
-                     nominal_config: str = NOMINAL_CONFIG, source: str | Path = "item_results") -> pd.DataFrame:
-    """One row per (model, benchmark) with a free-form slice. ``items``: seed-0 item rows;
-    ``spaces``: benchmark -> :func:`item_answer_space` (item_id -> k, g)."""
-    ff = cells[cells["scoring"] == "freeform"]
-    rows = []
-    for (b, model), sub in ff.groupby(["benchmark", "model"], sort=True):
+def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, nominal_config: str = NOMINAL_CONFIG,
+                     source: str | Path = "item_results") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(robustness, robustness_item_sd, robustness_item_sd_hist): one row (a histogram per)
+    (model, benchmark). ``items``: item rows of every seed (consistency reads seed 0)."""
+    from ..grid import Config
+    from ..metrics.reversal import resolve_nominal
+
+    try:
+        nominal_levels = Config.parse(nominal_config).levels()
+    except ValueError as exc:
+        raise ValueError(f"analysis.nominal_config: {exc}") from None
+    rows, sd_rows, hist_rows = [], [], []
+    for (b, model), sub in cells.groupby(["benchmark", "model"], sort=True):
+        scoring = "freeform" if (cells.loc[cells["benchmark"] == b, "scoring"] == "freeform").any() else "logprob"
+        sub = sub[sub["scoring"] == scoring]
         scores = sub.set_index("config")["score"].sort_index()
         configs = list(scores.index)
         its = items[(items["benchmark"] == b) & (items["model"] == model)]
-        missing = sorted(set(configs) - set(its["config"].unique()))
+        missing = sorted(set(configs) - set(its.loc[its["seed"] == 0, "config"].unique()))
         if missing:
             raise DataError(source, f"no seed-0 item rows for cell ({model}, {b}, {missing[0]})"
-                                            + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-        row = {"model": model, "benchmark": b}
-        row.update(consistency(its, configs, spaces[b], source))
-        stats = score_stats(scores, nominal_config)
-        row.update(stats)
+                                    + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        levels = {c: {a: str(lv[a]) for a in AXES}
+                  for c, lv in sub.drop_duplicates("config").set_index("config").iterrows()}
+        used, note = resolve_nominal(levels, nominal_config, nominal_levels)
+        row = {"model": model, "benchmark": b, "scoring": scoring}
+        row.update(consistency(its[its["seed"] == 0], configs, used, source))
+        row.update(score_stats(scores, used or nominal_config, nominal_config))
+        row["nominal_used"] = used or ""
+        row["note"] = "; ".join(n for n in (note, row["note"]) if n)
         row["consistency_over_baseline"] = row["consistency"] - row["baseline"]
+        sd = item_sd(its, configs)
+        summary, hist = item_sd_summary(model, b, sd)
+        row["item_sd_mean"], row["item_sd_median"] = summary["mean"], summary["q50"]
         rows.append(row)
-    return pd.DataFrame(rows, columns=ROBUSTNESS_COLUMNS)
+        sd_rows.append(summary)
+        hist_rows += hist
+    return (pd.DataFrame(rows, columns=ROBUSTNESS_COLUMNS), pd.DataFrame(sd_rows, columns=ITEM_SD_COLUMNS),
+            pd.DataFrame(hist_rows, columns=ITEM_SD_HIST_COLUMNS))
 
 
 def regression(table: pd.DataFrame, x: str = "score_mean", y: str = "consistency") -> pd.DataFrame:
@@ -198,22 +205,18 @@ def regression(table: pd.DataFrame, x: str = "score_mean", y: str = "consistency
 
 
 def write_robustness(cell_scores_path: str | Path, item_results_path: str | Path, out_dir: str | Path,
-                     nominal_config: str = NOMINAL_CONFIG, *, items_dir: str | Path) -> dict[str, Path]:
-    """``robustness`` (per model x benchmark) and ``robustness_regression`` tables.
-
-    ``items_dir`` holds the canonical item tables (``<benchmark>.parquet``) for the possible and
-    correct answers per item."""
+                     nominal_config: str = NOMINAL_CONFIG) -> dict[str, Path]:
+    """``robustness`` (per model x benchmark), ``robustness_item_sd`` (per-item SD quantiles),
+    ``robustness_item_sd_hist`` (its histogram) and ``robustness_regression`` tables."""
     cs = load_cell_scores(cell_scores_path)
     item_path = Path(item_results_path)
     items, imeta = load_item_results(
-        item_path, ["model", "benchmark", "config", "seed", "item_id", "parsed_label", "parse_ok", "correct"],
-        filters=[("seed", "=", 0)])
+        item_path, ["model", "benchmark", "config", "seed", "item_id", "parsed_label", "parse_ok", "correct"])
     check_same_rules((cs.path, cs.meta), (item_path, imeta))
-    ff_benches = sorted(cs.df.loc[cs.df["scoring"] == "freeform", "benchmark"].unique())
-    spaces = {b: item_answer_space(items_dir, b) for b in ff_benches}
-    rob = robustness_table(cs.df, items, spaces, nominal_config, item_path)
-    tables = {"robustness": rob, "robustness_regression": regression(rob)}
-    params = {"nominal_config": nominal_config, "items_dir": str(items_dir), "seed_used": 0}
+    rob, sd, hist = robustness_table(cs.df, items, nominal_config, item_path)
+    tables = {"robustness": rob, "robustness_item_sd": sd, "robustness_item_sd_hist": hist,
+              "robustness_regression": regression(rob)}
+    params = {"nominal_config": nominal_config, "seed_used": 0, "item_sd_bin": ITEM_SD_BIN}
     return write_tables("robustness", tables, out_dir, lambda name: output_metadata(
         name, [(cs.path, cs.meta), (item_path, imeta)], params,
         {"dropped_incomplete_configs": cs.dropped}))

@@ -34,6 +34,9 @@ from ..errors import DataError
 from ..grid import config_of, is_core
 from ..metrics import orderings
 from ..metrics.compare import Scores, diff_sign
+from ..metrics.itemgrid import item_grid_from_results
+from ..metrics.resampling import DEFAULT_SAMPLES
+from ..metrics.significance import bench_null, null_summary
 from ..rules import load_rules
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
@@ -43,7 +46,9 @@ SUMMARY_COLUMNS = ["benchmark", "fraction", "repeats", "seed", "n_items", "n_ite
                    "ordering_change_rate", "configs_changed_any", "orderings_reachable_full",
                    "orderings_reachable_sub_min", "orderings_reachable_sub_max", "n_configs",
                    "max_rho_flip_all_items", "max_rho_flip_sub_min", "max_rho_flip_sub_median",
-                   "max_rho_flip_sub_max"]
+                   "max_rho_flip_sub_max", "max_rho_flip_null_mean_all_items", "max_rho_flip_null_q95_all_items",
+                   "max_rho_flip_null_p_all_items", "max_rho_flip_null_mean_sub", "max_rho_flip_null_q95_sub",
+                   "max_rho_flip_null_p_sub", "noise_note"]
 RHO_COLUMNS = ["benchmark", "statistic", "model_a", "model_b", "repeat", "seed", "n_configs", "rho_flip",
                "rho_flip_all_items"]
 CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "score_sub_median",
@@ -126,12 +131,15 @@ def _rho_flips(counts: pd.DataFrame, configs: list[str], models: list[str],
 
 def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], core: set[tuple[str, str]],
                         fraction: float = 0.8, repeats: int = 20, seed: int = 0, tol: float = 0.0,
-                        strata_col: str = "stratum", progress: bool = False, parity: set[str] = frozenset()
-                        ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                        strata_col: str = "stratum", progress: bool = False, parity: set[str] = frozenset(),
+                        noise_samples: int = DEFAULT_SAMPLES) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(per-benchmark summary, per-cell ranges, per-repeat rho_flip). ``core``: set of
     (benchmark, config) core configs; ``items``: benchmark -> canonical item table (with
     ``item_id`` and ``strata_col``); ``parity``: benchmarks scored by CrowS-Pairs' parity
-    distance (recomputed from ``parsed_label == "more"``, which ``results`` then needs)."""
+    distance (recomputed from ``parsed_label == "more"``, which ``results`` then needs). The
+    noise columns: the max rho_flip of exchangeable models (permutations of the models within
+    items, ``noise_samples`` draws) on all items and on the first repeat's subsample, the item
+    count that changes how far noise alone reaches (none for parity-scored benchmarks)."""
     from ..items.subsample import stratified_subsample
 
     if not 0 < fraction <= 1:
@@ -164,6 +172,8 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
         for r in tqdm(range(repeats), desc=f"subsamples {b}", disable=not progress):
             sub_items = stratified_subsample(items[b], fraction, seed + r, strata_col=strata_col)
             ids = list(sub_items["item_id"].astype(str))
+            if r == 0:
+                first_ids = ids
             n_sub.append(len(ids))
             counts = m.cell_counts(ids)
             subs.append(counts["score"])
@@ -192,8 +202,11 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
                           "score_sub_median": float(table.loc[(model, cfg)].median()),
                           "score_sub_min": float(table.loc[(model, cfg)].min()),
                           "score_sub_max": float(table.loc[(model, cfg)].max()), "range": float(v)})
+        noise = _max_rho_noise(res, b, env_cfgs, first_ids, rep_max, full_rho, noise_samples, seed, tol) \
+            if b not in parity and full_rho else {"noise_note": "no item-level noise reference (parity-distance score)"
+                                                  if b in parity else "fewer than two models"}
         n_pairs = len(core_cfgs) * repeats
-        summary.append({
+        summary.append({**noise,
             "benchmark": b, "fraction": float(fraction), "repeats": int(repeats), "seed": int(seed),
             "n_items": len(items[b]), "n_items_sub": float(np.mean(n_sub)), "n_cells": int(len(rng)),
             "range_median": float(rng.median()), "range_max": float(rng.max()), "abs_dev_max": float(dev.max()),
@@ -209,6 +222,22 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             "max_rho_flip_sub_max": float(np.max(rep_max)) if rep_max else float("nan")})
     return (pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS),
             pd.DataFrame(rhos, columns=RHO_COLUMNS))
+
+
+def _max_rho_noise(res: pd.DataFrame, b: str, configs: list[str], sub_ids: list[str], rep_max: list[float],
+                   full_rho: dict, samples: int, seed: int, tol) -> dict:
+    """Noise reference of the max rho_flip on all items and on the first subsample."""
+    out = {}
+    for label, ids, observed in (("all_items", None, max(full_rho.values())), ("sub", sub_ids, rep_max[0])):
+        sub = res[res["config"].isin(configs)]
+        if ids is not None:
+            sub = sub[sub["item_id"].astype(str).isin(set(ids))]
+        bn = bench_null(item_grid_from_results(sub, b), samples, seed, tol)
+        nul = null_summary(bn.null["max_rho_flip"], observed, bn.draws)
+        out |= {f"max_rho_flip_null_mean_{label}": nul["null_mean"], f"max_rho_flip_null_q95_{label}": nul["null_q95"],
+                f"max_rho_flip_null_p_{label}": nul["null_p"]}
+    out["noise_note"] = ""
+    return out
 
 
 def _parity_scored(benchmark: str) -> bool:
@@ -235,7 +264,8 @@ def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
 
 def write_subsample_stability(item_results_path: str | Path, items_dir: str | Path, out_dir: str | Path,
                               fraction: float = 0.8, repeats: int = 20, seed: int = 0, *,
-                              rules_path: str | Path | None = None, tol: float = 0.0) -> dict[str, Path]:
+                              rules_path: str | Path | None = None, tol: float = 0.0,
+                              noise_samples: int | None = None) -> dict[str, Path]:
     """``subsample_stability`` (per benchmark), ``subsample_cells`` (per cell) and
     ``subsample_rho_flip`` (per benchmark, pair and repeat) tables."""
     path = Path(item_results_path)
@@ -250,9 +280,10 @@ def write_subsample_stability(item_results_path: str | Path, items_dir: str | Pa
     items = {b: read_item_table(items_dir, b) for b in benches}
     core = {(b, c) for b, c in set(zip(results["benchmark"], results["config"]))
             if is_core(rules, config_of(rules, c))}
+    ns = noise_samples or DEFAULT_SAMPLES
     summary, cells, rhos = subsample_stability(results, items, core, fraction, repeats, seed, tol, progress=True,
-                                               parity=parity)
-    params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol,
+                                               parity=parity, noise_samples=ns)
+    params = {"fraction": fraction, "repeats": repeats, "seed": seed, "tol": tol, "noise_samples": ns,
               "seeds_used": f"{seed}..{seed + repeats - 1}", "items_dir": str(items_dir)}
     tables = {"subsample_stability": summary, "subsample_cells": cells, "subsample_rho_flip": rhos}
     return write_tables("subsample", tables, out_dir, lambda name: output_metadata(name, [(path, meta)], params))

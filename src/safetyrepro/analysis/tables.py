@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,8 @@ from tqdm import tqdm
 
 from ..metrics import benchmark_summary, nearest_reversal_table, orderings, pairwise_table, score_grid
 from ..metrics.compare import diff_sign, has_exact, tie_rule
+from ..metrics.resampling import DEFAULT_SAMPLES
+from ..metrics.significance import noise_columns
 from ..rules import Rules, load_rules
 from .common import (AXES, NOMINAL_CONFIG, check_rules_file, load_cell_scores, output_metadata, pair_label,
                      write_tables)
@@ -94,23 +97,65 @@ def _with_summary(df: pd.DataFrame, tol: float) -> pd.DataFrame:
     return pairs.merge(summ, on="benchmark", how="left")
 
 
-def table2(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+PAIR_NOISE = ["rho_flip_null_mean", "rho_flip_null_q95", "rho_flip_null_p"]
+BENCH_NOISE = ["max_rho_flip_null_mean", "max_rho_flip_null_q95", "max_rho_flip_null_p",
+               "orderings_null_mean", "orderings_null_q95", "orderings_null_p"]
+NO_NOISE = "no item-level noise reference (cell score is not a mean over items, or no item results)"
+
+
+@dataclass
+class Noise:
+    """Item grids and resampling settings for the noise columns (docs/VERDICTS.md)."""
+
+    grids: dict                    # benchmark -> ItemGrid (restricted to the cell table's configs)
+    samples: int = DEFAULT_SAMPLES
+    seed: int = 0
+    skipped: dict = None           # benchmark -> why it has no noise reference
+
+    def columns(self, df: pd.DataFrame, tol) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(pair, benchmark) noise columns over the configs present in ``df``."""
+        sub = []
+        for b, g in self.grids.items():
+            cfgs = set(df.loc[df["benchmark"] == b, "config"])
+            if cfgs:
+                sub.append(g.restrict(cfgs))
+        pairs, bench = noise_columns(sub, self.samples, self.seed, tol)
+        if pairs.empty:
+            pairs = pd.DataFrame(columns=["benchmark", "model_a", "model_b", *PAIR_NOISE])
+        if bench.empty:
+            bench = pd.DataFrame(columns=["benchmark", *BENCH_NOISE])
+        return pairs, bench
+
+
+def _with_noise(out: pd.DataFrame, df: pd.DataFrame, noise: "Noise | None", tol, pair_level: bool) -> pd.DataFrame:
+    if noise is None:
+        return out
+    pairs, bench = noise.columns(df, tol)
+    if pair_level:
+        out = out.merge(pairs, on=["benchmark", "model_a", "model_b"], how="left")
+    keep = ["benchmark"] + [c for c in BENCH_NOISE if c in bench.columns]
+    out = out.merge(bench[keep], on="benchmark", how="left")
+    out["noise_note"] = np.where(out["benchmark"].isin(list(noise.grids)), "", NO_NOISE)
+    return out
+
+
+def table2(df: pd.DataFrame, tol: float = 0.0, noise: Noise | None = None) -> pd.DataFrame:
     out = _with_summary(df, tol)
     out.insert(1, "envelope", "full")
-    return out
+    return _with_noise(out, df, noise, tol, pair_level=True)
 
 
 def _support(df: pd.DataFrame, col: str) -> dict[str, str]:
     return {b: ",".join(sorted(s[col].unique())) for b, s in df.groupby("benchmark")}
 
 
-def table3(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+def table3(df: pd.DataFrame, tol: float = 0.0, noise: Noise | None = None) -> pd.DataFrame:
     parts = []
     for name, mask in SLICES.items():
         sub = df[mask(df)]
         if sub.empty:
             continue
-        t = _with_summary(sub, tol)
+        t = _with_noise(_with_summary(sub, tol), sub, noise, tol, pair_level=True)
         t.insert(1, "slice", name)
         sup = _support(sub, "decoding")
         t["decoding_support"] = t["benchmark"].map(sup)
@@ -156,7 +201,7 @@ TABLE4_COLUMNS = ["benchmark", "envelope", "n_configs", "max_rho_flip", "max_pai
                   "orderings_possible", "tied_configs", "envelope_definition", "note"]
 
 
-def table4(df: pd.DataFrame, tol: float = 0.0, rules: Rules | None = None) -> pd.DataFrame:
+def table4(df: pd.DataFrame, tol: float = 0.0, rules: Rules | None = None, noise: Noise | None = None) -> pd.DataFrame:
     """Table 4 as the paper has it: one row per benchmark and envelope of
     :func:`table4_envelopes` (``rules`` default: the project's envelope rules). A benchmark
     with no config in an envelope (CrowS-Pairs in the free-form-only conservative core) gets
@@ -182,16 +227,20 @@ def table4(df: pd.DataFrame, tol: float = 0.0, rules: Rules | None = None) -> pd
         s["note"] = np.where(empty, "no config of this benchmark in this envelope", "")
         s.insert(1, "envelope", label)
         s["envelope_definition"] = desc
+        if noise is not None:
+            s = _with_noise(s, sub, noise, tol, pair_level=False)
         parts.append(s)
-    out = pd.concat(parts, ignore_index=True)[TABLE4_COLUMNS]
+    cols = TABLE4_COLUMNS + ([c for c in BENCH_NOISE] + ["noise_note"] if noise is not None else [])
+    out = pd.concat(parts, ignore_index=True).reindex(columns=cols)
     for col in ("n_configs", "orderings_reachable", "orderings_possible", "tied_configs"):
         out[col] = out[col].astype(int)
     out["max_rho_flip"] = out["max_rho_flip"].astype(float)
     return _sort_envelopes(out, [e[0] for e in envs])
 
 
-def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> pd.DataFrame:
-    """Per benchmark: the flip summary over configs where min parse rate over models >= threshold."""
+def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0, noise: Noise | None = None) -> pd.DataFrame:
+    """Per benchmark: the flip summary over configs where min parse rate over models >= threshold
+    (with ``noise``: the noise references on those configs)."""
     worst = df.groupby(["benchmark", "config"])["parse_rate"].min()
     clean = set(worst[worst >= threshold].index)
     keep = np.array([(b, c) in clean for b, c in zip(df["benchmark"], df["config"])], dtype=bool)
@@ -216,7 +265,8 @@ def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> 
     cols = ["benchmark", "threshold", "n_configs_total", "n_configs_left", "n_configs_dropped",
             "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible",
             "max_rho_flip_full", "note"]
-    return pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=cols)
+    return _with_noise(out, df[keep], noise, tol, pair_level=False) if noise is not None else out
 
 
 def tau_r_table(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
@@ -235,8 +285,9 @@ def benchmark_rng(seed: int, benchmark: str) -> np.random.Generator:
 
 
 def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: float = 0.0,
-                  progress: bool = False) -> pd.DataFrame:
-    """Percentile bootstrap over configurations (see module doc)."""
+                  progress: bool = False, noise: Noise | None = None) -> pd.DataFrame:
+    """Percentile bootstrap over configurations (see module doc); with ``noise``, each row's
+    noise reference (the pair's rho_flip_null_*, the max's max_rho_flip_null_*) beside it."""
     if samples < 1:
         raise ValueError("bootstrap samples must be >= 1")
     rows = []
@@ -263,8 +314,20 @@ def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: flo
             rows.append({"benchmark": b, "statistic": label, "model_a": a, "model_b": m,
                          "resamples": "configurations", "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
                          "boot_mean": float(dist.mean()), "samples": int(samples), "seed": int(seed)})
-    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
-                                       "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
+    out = pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
+                                      "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
+    if noise is None:
+        return out
+    pairs, bench = noise.columns(df, tol)
+    out = out.merge(pairs, on=["benchmark", "model_a", "model_b"], how="left")
+    mx = bench.set_index("benchmark") if len(bench) else None
+    for c in ("null_mean", "null_q95", "null_p"):
+        col = f"rho_flip_{c}"
+        if mx is not None:
+            is_max = out["statistic"] == "max"
+            out.loc[is_max, col] = out.loc[is_max, "benchmark"].map(mx[f"max_rho_flip_{c}"])
+    out["noise_note"] = np.where(out["benchmark"].isin(list(noise.grids)), "", NO_NOISE)
+    return out
 
 
 def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float | None = None,
@@ -286,34 +349,62 @@ def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float
 
 def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples: int = 1000,
                  bootstrap_seed: int = 0, tol: float = 0.0, progress: bool = False,
-                 rules: Rules | None = None) -> dict[str, pd.DataFrame]:
+                 rules: Rules | None = None, noise: Noise | None = None) -> dict[str, pd.DataFrame]:
+    """Every paper table; with ``noise`` (item grids), Table 2 and Table 4 carry the noise
+    references beside rho_flip and the orderings."""
     return {
-        "table2": table2(df, tol),
-        "table3": table3(df, tol),
-        "table4": table4(df, tol, rules),
-        "parse_clean": parse_clean(df, threshold, tol),
+        "table2": table2(df, tol, noise),
+        "table3": table3(df, tol, noise),
+        "table4": table4(df, tol, rules, noise),
+        "parse_clean": parse_clean(df, threshold, tol, noise),
         "tau_r": tau_r_table(df, tol),
-        "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress),
+        "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress, noise),
     }
 
 
 def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, threshold: float = 0.95,
                        bootstrap_samples: int = 1000, bootstrap_seed: int = 0,
-                       tol: float = 0.0, rules_path: str | Path | None = None) -> dict[str, Path]:
+                       tol: float = 0.0, rules_path: str | Path | None = None,
+                       item_results_path: str | Path | None = None,
+                       noise_samples: int | None = None) -> dict[str, Path]:
     """Compute every paper table from ``cell_scores.parquet`` and write each as
     ``<out_dir>/<name>.parquet`` + ``.csv``. Returns name -> path (``<name>_csv`` for CSVs).
     ``rules_path``: the envelope rules the run used (default config/envelope.yaml), for
-    Table 4's envelopes; its stamp must match the table's."""
+    Table 4's envelopes; its stamp must match the table's. ``item_results_path``: the run's
+    item results, for the noise columns of Tables 2 and 4 (``noise_samples`` draws; default
+    resampling.DEFAULT_SAMPLES, seed ``bootstrap_seed``)."""
     cs = load_cell_scores(cell_scores_path)
     rules = load_rules(rules_path)
     check_rules_file(rules, cs.path, cs.meta)
+    sources = [(cs.path, cs.meta)]
+    noise = None
+    if item_results_path is not None:
+        noise, ipath, imeta = _noise_for(cs, item_results_path, noise_samples or DEFAULT_SAMPLES, bootstrap_seed)
+        sources.append((ipath, imeta))
     params = {"threshold": threshold, "bootstrap_samples": bootstrap_samples,
               "bootstrap_seed": bootstrap_seed, "tol": tol, "rules": rules.path,
-              "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict()}
+              "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
+              "noise": None if noise is None else {"samples": noise.samples, "seed": noise.seed,
+                                                   "benchmarks": sorted(noise.grids), "skipped": noise.skipped,
+                                                   "resamples": "item-wise sign flips (pairs), model permutations "
+                                                                "within items (benchmark max, orderings)"}}
     tables = paper_tables(cs.df, threshold=threshold, bootstrap_samples=bootstrap_samples,
-                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules)
+                          bootstrap_seed=bootstrap_seed, tol=tol, progress=True, rules=rules, noise=noise)
     return write_tables("tables", tables, out_dir, lambda name: output_metadata(
-        name, [(cs.path, cs.meta)], params, {"dropped_incomplete_configs": cs.dropped}))
+        name, sources, params, {"dropped_incomplete_configs": cs.dropped}))
+
+
+def _noise_for(cs, item_results_path, samples: int, seed: int) -> tuple[Noise, Path, dict]:
+    """Item grids of the benchmarks whose cell score is an item mean, checked against the cells."""
+    from ..metrics.itemgrid import grids_for
+    from .common import check_same_rules, load_item_results
+
+    ipath = Path(item_results_path)
+    results, imeta = load_item_results(ipath, ["model", "benchmark", "config", "seed", "item_id", "correct"])
+    check_same_rules((cs.path, cs.meta), (ipath, imeta))
+    skipped: dict = {}
+    grids = grids_for(cs.df, results, str(ipath), skipped)
+    return Noise({g.benchmark: g for g in grids}, samples, seed, skipped), ipath, imeta
 
 
 def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, nominal: str = NOMINAL_CONFIG,

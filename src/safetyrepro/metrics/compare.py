@@ -8,8 +8,10 @@ sign of A - B; :func:`tie_rule` picks one and :meth:`TieRule.describe` says whic
   sign(num_A * den_B - num_B * den_A), computed in integers, so two cells with the same number
   of correct answers tie even when their float means differ in the last bit (the aggregation
   step's 5-seed means, e.g. 7/15 as 0.4666666666666666 vs 0.4666666666666667).
-* ``absolute``: a tolerance ``tol > 0`` was given: |A - B| <= tol is a tie. With fractions the
-  difference is formed exactly and rounded once, so an exact tie stays a tie.
+* ``absolute``: a tolerance ``tol > 0`` was given: |A - B| <= tol is a tie, decided in decimal as
+  written: ``tol`` is read as the decimal it prints as (0.1 is 1/10, not the binary double), a
+  fraction score exactly, and a float score as its shortest decimal repr; so 0.8 vs 0.7 ties
+  at tol 0.1, as 8/10 vs 7/10 from item-level input does.
 * ``relative``: floats without fractions (an external table) and no tolerance: values equal
   within ``REL_TIE`` (1e-12) relative, |A - B| <= 1e-12 * max(|A|, |B|), tie. This absorbs
   last-bit differences of means computed in a different order and nothing a score could
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -141,16 +145,48 @@ def _sign(a: Scores, b: Scores, rule: TieRule) -> np.ndarray:
         cross = a.num * b.den - b.num * a.den          # exact in int64 for counts < ~3e9
         if rule.kind == EXACT:
             return np.sign(cross).astype(np.int8)
+        if rule.kind == ABSOLUTE:
+            return _sign_within(cross, a.den * b.den, decimal_fraction(rule.tol))
         d = cross / (a.den * b.den)
     else:
         d = a.value - b.value
-    if rule.kind == ABSOLUTE:
-        thr = rule.tol
-    elif rule.kind == RELATIVE:
-        thr = rule.tol * np.maximum(np.abs(a.value), np.abs(b.value))
-    else:  # exact requested on floats: cannot happen through tie_rule
-        thr = 0.0
+        if rule.kind == ABSOLUTE:
+            return _float_sign_within(a.value, b.value, d, rule.tol)
+    thr = rule.tol * np.maximum(np.abs(a.value), np.abs(b.value)) if rule.kind == RELATIVE else 0.0
     return (np.where(d > thr, 1, 0) - np.where(d < -thr, 1, 0)).astype(np.int8)
+
+
+def decimal_fraction(x: float) -> Fraction:
+    """The decimal a float prints as (its shortest round-trip repr), exactly: 0.1 -> 1/10."""
+    return Fraction(Decimal(repr(float(x))))
+
+
+def _sign_within(cross: np.ndarray, den: np.ndarray, tol: Fraction) -> np.ndarray:
+    """sign(cross/den) with |cross/den| <= tol a tie, in integers (Python ints past int64)."""
+    p, q = tol.numerator, tol.denominator
+    cross, den = np.broadcast_arrays(np.asarray(cross, dtype=np.int64), np.asarray(den, dtype=np.int64))
+    big = max(int(np.abs(cross).max(initial=0)) * q, int(np.abs(den).max(initial=0)) * p)
+    if big < 2**62:
+        c, thr = cross * q, den * p
+    else:
+        c, thr = cross.astype(object) * q, den.astype(object) * p
+    return (np.where(c > thr, 1, 0) - np.where(c < -thr, 1, 0)).astype(np.int8)
+
+
+def _float_sign_within(a: np.ndarray, b: np.ndarray, d: np.ndarray, tol: float) -> np.ndarray:
+    """sign(a - b) with |a - b| <= tol a tie, a, b and tol read as their shortest decimals. The
+    float difference decides wherever it is farther from the threshold than its rounding error
+    (a few ulps of |a| + |b|); the few cases nearer are decided in Decimal."""
+    a, b, d = np.broadcast_arrays(np.asarray(a, float), np.asarray(b, float), np.asarray(d, float))
+    out = (np.where(d > tol, 1, 0) - np.where(d < -tol, 1, 0)).astype(np.int8)
+    err = 4 * np.finfo(float).eps * (np.abs(a) + np.abs(b) + tol) + np.finfo(float).tiny
+    close = np.abs(np.abs(d) - tol) <= err
+    if close.any():
+        t = Decimal(repr(float(tol)))
+        for idx in zip(*np.nonzero(close)):
+            diff = Decimal(repr(float(a[idx]))) - Decimal(repr(float(b[idx])))
+            out[idx] = 0 if abs(diff) <= t else (1 if diff > 0 else -1)
+    return out
 
 
 def rule_for(scores: Sequence | Mapping, tol: float | None = None) -> TieRule:

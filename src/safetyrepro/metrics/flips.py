@@ -139,22 +139,23 @@ def orderings(scores: Mapping[str, Sequence[float] | Scores], tol: float | None 
 def tau_r(scores: Mapping[str, Sequence[float] | Scores], tol: float | None = None) -> dict:
     """Mean Kendall tau-b between model rankings over all pairs of configs (see module doc).
 
-    Vectorised: with S[c, p] = sign(s_i(c) - s_j(c)) over model pairs p = (i, j) (the tie rule
-    of :mod:`compare`, so ``tol`` applies here too), tau_b(c, c') = sum_p S[c,p] S[c',p] /
-    sqrt(nz(c) nz(c')) where nz counts untied pairs; this is Kendall's tau-b (concordant minus
-    discordant over the tie-corrected norm)."""
+    With S[c, p] = sign(s_i(c) - s_j(c)) over model pairs p = (i, j) (the tie rule of
+    :mod:`compare`, so ``tol`` applies here too) and nz(c) its untied pairs, tau_b(c, c') =
+    S_c . S_c' / sqrt(nz(c) nz(c')) (Kendall's tau-b). With u_c = S_c / sqrt(nz(c)) over the
+    configs with nz > 0, |u_c|^2 = 1, so the sum over config pairs is (|sum_c u_c|^2 - V) / 2
+    for V such configs: memory and time linear in the configs."""
     _, mat = _matrix(scores)
     n_cfg, n_models = mat.shape
+    total = n_cfg * (n_cfg - 1) // 2
     if n_models < 2 or n_cfg < 2:
-        return {"tau_r": float("nan"), "pairs_used": 0, "pairs_undefined": n_cfg * (n_cfg - 1) // 2}
+        return {"tau_r": float("nan"), "pairs_used": 0, "pairs_undefined": total}
     S, _ = pair_signs(mat, tol)
-    S = S.astype(float)  # (n_cfg, n_pairs)
-    nz = np.count_nonzero(S, axis=1).astype(float)
-    num = S @ S.T
-    denom = np.sqrt(np.outer(nz, nz))
-    iu = np.triu_indices(n_cfg, k=1)
-    num, denom = num[iu], denom[iu]
-    ok = denom > 0
-    taus = num[ok] / denom[ok]
-    return {"tau_r": float(np.mean(taus)) if taus.size else float("nan"),
-            "pairs_used": int(ok.sum()), "pairs_undefined": int((~ok).sum())}
+    nz = np.count_nonzero(S, axis=1)
+    ok = nz > 0
+    v = int(ok.sum())
+    used = v * (v - 1) // 2
+    if used == 0:
+        return {"tau_r": float("nan"), "pairs_used": 0, "pairs_undefined": total}
+    u = S[ok].astype(float) / np.sqrt(nz[ok])[:, None]
+    tot = u.sum(axis=0)
+    return {"tau_r": float((tot @ tot - v) / 2 / used), "pairs_used": used, "pairs_undefined": total - used}

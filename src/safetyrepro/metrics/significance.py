@@ -1,188 +1,89 @@
-"""Item-level uncertainty of the verdicts: which reversals are more than item noise.
+"""Item-level verdicts read against noise: which reversals the items support, and how many
+flips two exchangeable models would show anyway. Definitions: docs/VERDICTS.md section 2.
 
-Every benchmark scores one fixed item subset, so two models' scores on a config are paired on
-the same items. Per benchmark, model pair (A, B) (A < B by name) and config c, with x_Ai the
-item score of A (0/1 for a greedy or logprob cell; for a sampled cell the item's mean over its
-seeds, k/5) and d_i = x_Ai - x_Bi over the n items:
+Per benchmark, model pair (A, B) (A < B by name) and config c, with d_ci = x_Ai - x_Bi over
+the n items the two models share (a sampled cell's item score is its seed mean):
 
-* ``diff`` = mean_i d_i (= score_A(c) - score_B(c)); ``se`` = sd(d_i, ddof=1) / sqrt(n).
-  Its sign is :mod:`.compare`'s (exact fractions of counts), so an exact tie has diff 0, p 1.
-* a two-sided paired test of "no difference on these items":
-  - ``mcnemar_exact`` when every item score of both cells is 0 or 1: with n10 items only A
-    gets right and n01 only B, p = min(1, 2 P[X <= min(n10, n01)]), X ~ Bin(n10 + n01, 1/2)
-    (the exact sign test on the discordant items; p = 1 when there are none);
-  - ``paired_bootstrap`` otherwise: items resampled with replacement (the same draws for every
-    config and model, see below), p = (1 + #{|diff* - diff| >= |diff|}) / (B + 1), the
-    share of centred bootstrap means at least as far from the observed one as it is from 0.
-* Holm's step-down correction over the configs of the pair on that benchmark (the family is
-  the |C| two-sided tests): p_holm(k) = max_{j <= k} min(1, (m - j + 1) p_(j)). A config
-  counts in N+_sig (A significantly ahead) when p_holm <= alpha and diff > 0, in N-_sig when
-  p_holm <= alpha and diff < 0. rho_flip_sig = min(N+_sig, N-_sig) / |C| (ties, and
-  differences that are not significant, stay in the denominator as for rho_flip).
-* Crossover test (the range-test idea of Piantadosi & Gail, 1993: is there a config where A
-  is significantly ahead AND one where B is?). Studentised differences z_c = diff_c / se_c;
-  T_A = max_c z_c, T_B = max_c -z_c. Critical values come from the joint paired bootstrap
-  over items (configs share the items, so their differences are correlated; no independence
-  is assumed): with z*_c = (diff*_c - diff_c) / se_c, M_A = max_c z*_c and M_B = max_c -z*_c
-  per draw, p_A = (1 + #{M_A >= T_A}) / (B + 1) tests "A is ahead nowhere" (all delta_c <= 0;
-  the max-T bound holds at its least favourable point, every delta_c = 0) and p_B likewise.
-  The crossover hypothesis is rejected only when both are (an intersection-union test), so
-  its p-value is max(p_A, p_B) and ``crossover`` = p <= alpha; ``crit_a``/``crit_b`` are the
-  (1 - alpha) quantiles of M_A/M_B, the thresholds T_A/T_B have to pass.
-* An item-bootstrap interval for rho_flip (and its max over pairs): the same B draws of items,
-  applied jointly to every config and model, recompute every cell score (exactly, as
-  fractions of counts where the items are counts) and rho_flip; percentile 2.5/97.5. It
-  resamples ITEMS (configs fixed); the analysis' other bootstrap resamples CONFIGURATIONS
-  (items fixed). Both are labelled in the ``resamples`` column.
-
-Assumptions: items are exchangeable draws from the benchmark's item population (they are a
-fixed stratified subset; the bootstrap ignores the strata); seeds within an item are averaged
-first, so seed noise is part of each item's score; configs are the fixed envelope.
-The bootstrap draws come from a per-benchmark seeded stream (reproducible, independent of
-which other benchmarks are present).
+* ``stat`` S_c = sum_i d_ci / sqrt(sum_i d_ci^2), the sign-flip studentised difference: its
+  denominator does not change under the resampling, so it never vanishes while any item
+  differs (a config where no item differs, or a tie under the tie rule, has S = 0, p = 1).
+* One resampling (:mod:`.resampling`) answers every question of a pair: item-wise sign flips
+  of the difference vectors (all 2^k when few items differ: an exact test). From the same
+  draws come the per-config p-values, their family-wise correction (step-down max-T of
+  Westfall & Young, 1993, by default; Holm on request), the crossover decision and the noise
+  reference of rho_flip, so the three cannot contradict each other.
+* Families (``family``): ``pair`` (the configs of one (benchmark, pair); sign flips),
+  ``benchmark`` (every pair and config of a benchmark) or ``table`` (everything); the wider
+  families resample a permutation of the models within each item and studentise by the
+  permutation-invariant sqrt(sum_i sum_{m<m'} (x_mci - x_m'ci)^2).
+* ``crossover``: some config significantly favours A and another B after the correction;
+  ``crossover_p`` = max(smallest corrected p among A-ahead configs, same for B).
+* Noise references: ``rho_flip_null_*`` from the pair's sign flips (A and B exchangeable item
+  by item); per benchmark, the max over pairs, orderings reachable and the total-order change
+  rate from the model permutations.
+* ``mdd``: the difference a config needs to be detected with 80% power at the family's
+  critical value (normal approximation, the config's own spread of d; infinite where no
+  corrected p can reach alpha, e.g. 3 items).
+* ``bootstrap_items``: the spread of the plug-in rho_flip when items are redrawn with
+  replacement. It is no confidence interval: item noise biases rho_flip up (compare the null).
 """
 
 from __future__ import annotations
 
 import itertools
-import zlib
-from dataclasses import dataclass
-from fractions import Fraction
-from math import lcm
+import math
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from statistics import NormalDist
 
 from .compare import Scores, diff_sign, rule_for
+from .itemgrid import (MAX_ITEM_DEN, CommonArrays, ItemGrid, common_arrays, item_grid_from_results,  # noqa: F401
+                       item_grid_from_scores)
+from .resampling import Draws, auto_samples, model_permutations, sign_flips, stream
 
-MAX_ITEM_DEN = 1000          # item scores recovered as fractions k/q with q up to this
+FAMILIES = {
+    "pair": "the configs of one (benchmark, pair)",
+    "benchmark": "every pair and config of a benchmark",
+    "table": "every benchmark, pair and config of the table",
+}
+CORRECTIONS = {
+    "maxt": "step-down max-T (Westfall-Young) on the joint item resampling",
+    "holm": "Holm over the family's per-config resampling p-values",
+}
+POWER = 0.8
+STAT_EPS = 1e-9              # |S*| within this (relative) of |S| counts as at least as extreme
+
 PAIR_COLUMNS = ["benchmark", "model_a", "model_b", "n_configs", "n_items", "n_plus", "n_minus", "n_zero",
-                "rho_flip", "n_plus_sig", "n_minus_sig", "rho_flip_sig", "alpha", "correction",
-                "crossover_p", "crossover", "p_a_ahead", "p_b_ahead", "crit_a", "crit_b", "pattern",
-                "tie_rule", "samples", "seed"]
-CONFIG_COLUMNS = ["benchmark", "model_a", "model_b", "config", "n_items", "diff", "se", "z", "test",
-                  "p_value", "p_holm", "significant", "ahead"]
+                "rho_flip", "rho_flip_null_mean", "rho_flip_null_q95", "rho_flip_null_p", "flips_exceed_noise",
+                "n_plus_sig", "n_minus_sig", "rho_flip_sig", "alpha", "family", "correction", "crossover_p",
+                "crossover", "p_a_ahead", "p_b_ahead", "crit", "mdd_median", "pattern", "resampling", "samples",
+                "min_attainable_p", "can_reach_alpha", "tie_rule", "seed"]
+CONFIG_COLUMNS = ["benchmark", "model_a", "model_b", "config", "n_items", "diff", "se", "stat", "test",
+                  "p_value", "p_adj", "significant", "ahead", "mdd", "detectable"]
+BENCH_COLUMNS = ["benchmark", "n_models", "n_configs", "n_items", "max_rho_flip", "max_pair",
+                 "max_rho_flip_null_mean", "max_rho_flip_null_q95", "max_rho_flip_null_p",
+                 "orderings_reachable", "orderings_possible", "orderings_null_mean", "orderings_null_q95",
+                 "orderings_null_p", "order_change_rate", "order_change_null_mean", "order_change_null_q95",
+                 "order_change_null_p", "order_change_exchangeable", "pairs_crossover", "pairs_sig_reversal",
+                 "mdd_median", "verdict", "verdict_text", "alpha", "family", "correction", "samples", "seed"]
 BOOT_COLUMNS = ["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs", "n_items",
-                "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"]
-CORRECTION = "holm over the configs of each (benchmark, pair)"
+                "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed", "reading"]
+BOOT_READING = ("spread of the plug-in rho_flip under item resampling; not a confidence interval "
+                "(item noise biases rho_flip up; see rho_flip_null_*)")
 PATTERNS = {
     "stable": "no strict reversal (rho_flip = 0)",
     "noise": "reversals, none significant in either direction",
     "one_sided": "reversals, significant in one direction only",
     "crossover": "significant reversals both ways",
 }
-
-
-@dataclass
-class ItemGrid:
-    """One benchmark's item scores: ``value[m, c, i]`` for model m, config c, item i; exact
-    as ``num / den[m, c]`` (integers) when the item scores are counts (``num`` None if not)."""
-
-    benchmark: str
-    models: list[str]
-    configs: list[str]
-    items: list[str]
-    value: np.ndarray
-    num: np.ndarray | None = None
-    den: np.ndarray | None = None
-
-    @property
-    def exact(self) -> bool:
-        return self.num is not None
-
-    @property
-    def n_items(self) -> int:
-        return len(self.items)
-
-    def cell_scores(self, weights: np.ndarray | None = None) -> Scores:
-        """Cell scores (models x configs, or draws x models x configs with item ``weights``
-        of shape (draws, items) summing to n_items): the mean of the item scores."""
-        n = self.n_items
-        if weights is None:
-            if self.exact:
-                return Scores(num=self.num.sum(axis=2), den=self.den * n)
-            return Scores(self.value.mean(axis=2))
-        w = np.asarray(weights, dtype=float)
-        m, c = len(self.models), len(self.configs)
-        if self.exact:
-            num = np.rint(w @ self.num.reshape(m * c, n).T.astype(float)).astype(np.int64)
-            return Scores(num=num.reshape(-1, m, c), den=np.broadcast_to(self.den * n, (w.shape[0], m, c)))
-        return Scores((w @ self.value.reshape(m * c, n).T / n).reshape(-1, m, c))
-
-
-def _fractions(values: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """(integer numerators, common denominator) when every value is k/q with q <= MAX_ITEM_DEN
-    (to the last bit); None otherwise."""
-    uniq = np.unique(values)
-    fr = {}
-    for v in uniq:
-        f = Fraction(float(v)).limit_denominator(MAX_ITEM_DEN)
-        if f.numerator / f.denominator != float(v):
-            return None
-        fr[float(v)] = f
-    den = 1
-    for f in fr.values():
-        den = lcm(den, f.denominator)
-    if den > 10**6:
-        return None
-    lookup = {v: f.numerator * (den // f.denominator) for v, f in fr.items()}
-    nums = np.vectorize(lambda v: lookup[float(v)], otypes=[np.int64])(values) if values.size else values.astype(np.int64)
-    return nums, den
-
-
-def _cube(df: pd.DataFrame, col: str, models, configs, items) -> np.ndarray:
-    m = pd.Categorical(df["model"], categories=models).codes
-    c = pd.Categorical(df["config"], categories=configs).codes
-    i = pd.Categorical(df["item"], categories=items).codes
-    out = np.full((len(models), len(configs), len(items)), np.nan)
-    out[m, c, i] = df[col].to_numpy(dtype=float)
-    return out
-
-
-def item_grid_from_scores(df: pd.DataFrame, benchmark: str, where: str = "item table") -> ItemGrid:
-    """From a long table ``model, config, item, score`` of one benchmark (one row per item; a
-    sampled cell's item score is its seed mean). Every (model, config) must score the same
-    items. Scores that are fractions k/q (q <= 1000) are kept exact."""
-    models, configs = sorted(df["model"].unique()), sorted(df["config"].unique())
-    items = sorted(df["item"].unique())
-    value = _cube(df, "score", models, configs, items)
-    if np.isnan(value).any():
-        m, c, i = (int(x[0]) for x in np.nonzero(np.isnan(value)))
-        raise ValueError(f"{where}: benchmark {benchmark!r}: model {models[m]!r} has no score for item "
-                         f"{items[i]!r} on config {configs[c]!r}; paired tests need every model to score "
-                         "the same items on every config")
-    fr = _fractions(value)
-    if fr is None:
-        return ItemGrid(benchmark, models, configs, items, value)
-    nums, den = fr
-    return ItemGrid(benchmark, models, configs, items, value, nums,
-                    np.full((len(models), len(configs)), den, dtype=np.int64))
-
-
-def item_grid_from_results(res: pd.DataFrame, benchmark: str, where: str = "item_results") -> ItemGrid:
-    """From the aggregation's item results (``model, config, seed, item_id, correct``) of one
-    benchmark: item score = correct answers over the cell's seeds / its number of seeds."""
-    runs = res.groupby(["model", "config", "seed", "item_id"]).size()
-    if (runs > 1).any():
-        k = runs.index[runs > 1][0]
-        raise ValueError(f"{where}: item {k[3]!r} appears twice in run {k[:3]}")
-    g = res.groupby(["model", "config", "item_id"], sort=False).agg(k=("correct", "sum"), s=("seed", "nunique"))
-    g = g.reset_index().rename(columns={"item_id": "item"})
-    models, configs = sorted(g["model"].unique()), sorted(g["config"].unique())
-    items = sorted(g["item"].unique())
-    k = _cube(g, "k", models, configs, items)
-    s = _cube(g, "s", models, configs, items)
-    if np.isnan(k).any():
-        m, c, i = (int(x[0]) for x in np.nonzero(np.isnan(k)))
-        raise ValueError(f"{where}: benchmark {benchmark!r}: model {models[m]!r} has no result for item "
-                         f"{items[i]!r} on config {configs[c]!r}")
-    seeds = s[:, :, 0]
-    if np.any(s != seeds[:, :, None]):
-        m, c = (int(x[0]) for x in np.nonzero(np.any(s != seeds[:, :, None], axis=2)))
-        raise ValueError(f"{where}: ({models[m]}, {benchmark}, {configs[c]}): items scored by different "
-                         "numbers of seeds")
-    num, den = k.astype(np.int64), seeds.astype(np.int64)
-    return ItemGrid(benchmark, models, configs, items, num / den[:, :, None], num, den)
+VERDICTS = {
+    "stable": "no reversal on any config",
+    "crossover": "reversals beyond item noise (a pair is significantly ahead on some configs and behind on others)",
+    "excess_flips": "more flips than two exchangeable models give, but no pair reverses significantly both ways",
+    "noise": "flips within item noise (exchangeable models flip as often)",
+}
 
 
 def holm(p: np.ndarray) -> np.ndarray:
@@ -192,8 +93,7 @@ def holm(p: np.ndarray) -> np.ndarray:
     if m == 0:
         return p
     order = np.argsort(p, kind="stable")
-    adj = np.minimum(1.0, (m - np.arange(m)) * p[order])
-    adj = np.maximum.accumulate(adj)
+    adj = np.maximum.accumulate(np.minimum(1.0, (m - np.arange(m)) * p[order]))
     out = np.empty(m)
     out[order] = adj
     return out
@@ -209,17 +109,196 @@ def mcnemar_exact(n10: np.ndarray, n01: np.ndarray) -> np.ndarray:
     return np.where(n == 0, 1.0, p)
 
 
-def benchmark_rng(seed: int, benchmark: str) -> np.random.Generator:
-    """The item-bootstrap stream of one benchmark (independent of the other benchmarks)."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed), zlib.crc32(b"items:" + benchmark.encode())]))
+def _at_least(star: np.ndarray, obs: np.ndarray) -> np.ndarray:
+    return (star >= obs - STAT_EPS * np.maximum(1.0, np.abs(obs))).sum(axis=0)
 
 
-def draw_weights(n_items: int, samples: int, seed: int, benchmark: str) -> np.ndarray:
-    """(samples, n_items) multiplicities of a with-replacement draw of n_items items."""
-    if samples < 1:
-        raise ValueError("bootstrap samples must be >= 1")
-    return benchmark_rng(seed, benchmark).multinomial(n_items, np.full(n_items, 1.0 / n_items),
-                                                      size=samples).astype(float)
+def stepdown_maxt(abs_obs: np.ndarray, abs_star: np.ndarray, draws: Draws) -> np.ndarray:
+    """Westfall-Young step-down max-T adjusted p-values of |S| over the columns of a family."""
+    h = abs_obs.size
+    if h == 0:
+        return np.zeros(0)
+    order = np.argsort(-abs_obs, kind="stable")
+    succ = np.maximum.accumulate(abs_star[:, order][:, ::-1], axis=1)[:, ::-1]   # max over the rest
+    q = draws.p_value(_at_least(succ, abs_obs[order]))
+    out = np.empty(h)
+    out[order] = np.minimum(1.0, np.maximum.accumulate(q))
+    return out
+
+
+@dataclass
+class Family:
+    """One multiplicity family: |S| observed and resampled for its hypotheses."""
+
+    abs_obs: np.ndarray            # (H,)
+    abs_star: np.ndarray           # (draws, H)
+    draws: Draws
+    correction: str
+
+    def adjusted(self) -> tuple[np.ndarray, np.ndarray]:
+        raw = self.draws.p_value(_at_least(self.abs_star, self.abs_obs))
+        raw = np.where(self.abs_obs > 0, raw, 1.0)
+        adj = holm(raw) if self.correction == "holm" else stepdown_maxt(self.abs_obs, self.abs_star, self.draws)
+        return raw, np.where(self.abs_obs > 0, adj, 1.0)
+
+    @property
+    def min_attainable(self) -> float:
+        h = self.abs_obs.size
+        return min(1.0, self.draws.min_p * (h if self.correction == "holm" else 1))
+
+    def crit(self, alpha: float) -> float:
+        """The |S| a hypothesis must reach at the first step (max-T) or at alpha/H (Holm)."""
+        if self.abs_obs.size == 0:
+            return float("nan")
+        if self.correction == "holm":
+            return float(np.quantile(self.abs_star, 1 - alpha / self.abs_obs.size))
+        return float(np.quantile(self.abs_star.max(axis=1), 1 - alpha))
+
+
+@dataclass
+class PairNull:
+    """One (benchmark, pair): differences, sign-flip draws and what they give."""
+
+    benchmark: str
+    a: str
+    b: str
+    arrays: CommonArrays           # the two models on one denominator per config
+    sign: np.ndarray               # observed sign per config (the tie rule)
+    q: np.ndarray                  # sqrt(sum_i d_ci^2) per config, in the arrays' units
+    draws: Draws
+    abs_obs: np.ndarray
+    abs_star: np.ndarray
+    null_rho: np.ndarray           # rho_flip on each draw
+
+    @property
+    def d(self) -> np.ndarray:
+        return self.arrays.x[0] - self.arrays.x[1]
+
+
+def _resampled_signs(arr: CommonArrays, psum: np.ndarray, tstar: np.ndarray, tol) -> np.ndarray:
+    """Signs of A - B when A's item sums are (P + T*)/2 and B's (P - T*)/2."""
+    return diff_sign(arr.scores((psum + tstar) / 2), arr.scores((psum - tstar) / 2), tol)
+
+
+def _rho(signs: np.ndarray) -> np.ndarray:
+    return np.minimum((signs > 0).sum(axis=-1), (signs < 0).sum(axis=-1)) / signs.shape[-1]
+
+
+def pair_null(g: ItemGrid, ia: int, ib: int, samples: int, seed: int, tol=None,
+              sign: np.ndarray | None = None) -> PairNull:
+    """Sign-flip draws of one pair and every statistic on them (see the module doc)."""
+    a, b = g.models[ia], g.models[ib]
+    arr = common_arrays(g, [ia, ib])
+    d = arr.x[0] - arr.x[1]                                    # (configs, items)
+    psum = arr.x.sum(axis=(0, 2))
+    if sign is None:
+        sign = _resampled_signs(arr, psum, d.sum(axis=1), tol)
+    active = np.flatnonzero(np.any(d != 0, axis=0))
+    draws = sign_flips(active.size, samples, stream(seed, "signflip", g.benchmark, a, b))
+    tstar = draws.values @ d[:, active].T                       # (draws, configs)
+    q = np.sqrt((d ** 2).sum(axis=1))
+    qs = np.where(q > 0, q, 1.0)
+    abs_obs = np.where((sign != 0) & (q > 0), np.abs(d.sum(axis=1)) / qs, 0.0)
+    abs_star = np.where(q > 0, np.abs(tstar) / qs, 0.0)
+    null_rho = _rho(_resampled_signs(arr, psum, tstar, tol))
+    return PairNull(g.benchmark, a, b, arr, np.asarray(sign), q, draws, abs_obs, abs_star, null_rho)
+
+
+@dataclass
+class BenchNull:
+    """One benchmark's model-permutation draws: the benchmark-level noise references and the
+    resampled |S| of every (pair, config) for the benchmark and table families."""
+
+    benchmark: str
+    pairs: list[tuple[int, int]]
+    draws: Draws
+    q_pool: np.ndarray             # (configs,) permutation-invariant spread
+    abs_obs: np.ndarray            # (pairs * configs,)
+    abs_star: np.ndarray           # (draws, pairs * configs)
+    observed: dict
+    null: dict = field(default_factory=dict)   # statistic -> (draws,) values
+
+
+def _orders(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reachable strict orders, order change rate) per leading index of signs[..., config, pair]:
+    each config's sign vector is one code; sorted codes give the distinct orders and their sizes."""
+    n_pairs = signs.shape[-1]
+    codes = ((signs.astype(np.int64) + 1) * (3 ** np.arange(n_pairs, dtype=np.int64))).sum(axis=-1)
+    strict = np.all(signs != 0, axis=-1)
+    lead = codes.reshape(-1, codes.shape[-1])
+    rows, n_cfg = lead.shape
+    if n_cfg == 0:
+        nan = np.full(codes.shape[:-1], np.nan)
+        return np.zeros(codes.shape[:-1]), nan
+    srt = np.sort(lead, axis=1)
+    new = np.ones((rows, n_cfg), dtype=bool)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    gid = np.cumsum(new, axis=1) - 1 + (np.arange(rows) * n_cfg)[:, None]
+    k = np.bincount(gid.ravel(), minlength=rows * n_cfg).reshape(rows, n_cfg).astype(float)
+    pairs_total = n_cfg * (n_cfg - 1) / 2
+    change = (pairs_total - (k * (k - 1) / 2).sum(axis=1)) / pairs_total if pairs_total else np.full(rows, np.nan)
+    strict_codes = np.where(strict.reshape(rows, n_cfg), lead, -1)
+    ss = np.sort(strict_codes, axis=1)
+    first = np.ones((rows, n_cfg), dtype=bool)
+    first[:, 1:] = ss[:, 1:] != ss[:, :-1]
+    reach = (first & (ss >= 0)).sum(axis=1).astype(float)
+    return reach.reshape(codes.shape[:-1]), change.reshape(codes.shape[:-1])
+
+
+def _bench_stats(arr: CommonArrays, sums: np.ndarray, pairs, tol) -> tuple[np.ndarray, dict]:
+    """Per draw (sums: draws x models x configs): pair signs (draws, configs, pairs) and the
+    max rho_flip, orderings reachable and order change rate."""
+    sc = arr.scores(sums)
+    i = [p[0] for p in pairs]
+    j = [p[1] for p in pairs]
+    signs = diff_sign(sc[:, i, :], sc[:, j, :], tol).transpose(0, 2, 1)   # (draws, configs, pairs)
+    rho = _rho(signs.transpose(0, 2, 1))                                     # (draws, pairs)
+    reach, change = _orders(signs)
+    return signs, {"max_rho_flip": rho.max(axis=1), "orderings_reachable": reach, "order_change_rate": change}
+
+
+def bench_null(g: ItemGrid, samples: int, seed: int, tol=None, chunk: int = 256) -> BenchNull:
+    arr = common_arrays(g)
+    m, nc, n = arr.x.shape
+    pairs = list(itertools.combinations(range(m), 2))
+    draws = model_permutations(n, m, samples, stream(seed, "permute", g.benchmark))
+    xd = arr.x[:, None, :, :] - arr.x[None, :, :, :]
+    q_pool = np.sqrt(sum((xd[p] ** 2).sum(axis=-1) for p in pairs)) if pairs else np.zeros(nc)
+    qs = np.where(q_pool > 0, q_pool, 1.0)
+    obs_sums = arr.x.sum(axis=2)[None]
+    _, observed = _bench_stats(arr, obs_sums, pairs, tol)
+    observed = {k: float(v[0]) for k, v in observed.items()}
+    t_obs = np.stack([obs_sums[0, i] - obs_sums[0, j] for i, j in pairs]) if pairs else np.zeros((0, nc))
+    sign_obs = diff_sign(arr.scores(obs_sums)[0, [p[0] for p in pairs]], arr.scores(obs_sums)[0, [p[1] for p in pairs]],
+                         tol) if pairs else np.zeros((0, nc))
+    abs_obs = np.where((sign_obs != 0) & (q_pool > 0), np.abs(t_obs) / qs, 0.0).reshape(-1)
+    null = {k: [] for k in observed}
+    stars = []
+    for s0 in range(0, samples, chunk):
+        perm = draws.values[s0:s0 + chunk]                     # (ch, items, models)
+        ch = perm.shape[0]
+        sums = np.zeros((ch, m, nc))
+        for k in range(m):
+            w = (perm == k).transpose(0, 2, 1).reshape(ch * m, n).astype(float)
+            sums += (w @ arr.x[k].T).reshape(ch, m, nc)
+        _, st = _bench_stats(arr, sums, pairs, tol)
+        for key, v in st.items():
+            null[key].append(v)
+        t = np.stack([sums[:, i] - sums[:, j] for i, j in pairs], axis=1) if pairs else np.zeros((ch, 0, nc))
+        stars.append(np.where(q_pool > 0, np.abs(t) / qs, 0.0).reshape(ch, -1))
+    return BenchNull(g.benchmark, pairs, draws, q_pool, abs_obs, np.concatenate(stars, axis=0), observed,
+                     {k: np.concatenate(v) for k, v in null.items()})
+
+
+def null_summary(null: np.ndarray, observed: float, draws: Draws) -> dict:
+    """Mean, 95th percentile and P(null >= observed) of a noise reference."""
+    return {"null_mean": float(np.mean(null)), "null_q95": float(np.quantile(null, 0.95)),
+            "null_p": float(draws.p_value(np.sum(null >= observed - 1e-12)))}
+
+
+def _percentile(dist: np.ndarray) -> tuple[float, float]:
+    lo, hi = np.percentile(dist, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def _pattern(n_plus: int, n_minus: int, n_plus_sig: int, n_minus_sig: int) -> str:
@@ -232,105 +311,272 @@ def _pattern(n_plus: int, n_minus: int, n_plus_sig: int, n_minus_sig: int) -> st
     return "noise"
 
 
-def _percentile(dist: np.ndarray) -> tuple[float, float]:
-    lo, hi = np.percentile(dist, [2.5, 97.5])
-    return float(lo), float(hi)
+def _mdd(crit: float, q_stat: np.ndarray, q_pair: np.ndarray, scale, n: int, attainable: bool) -> np.ndarray:
+    """Smallest |diff| detected with POWER: reject when |T| >= crit * q_stat, T ~ N(n delta, q_pair^2)."""
+    if not attainable or not np.isfinite(crit):
+        return np.full(q_stat.shape, np.inf)
+    worst = math.sqrt(n) * (1.0 if scale is None else scale)      # |d| <= 1 score unit on every item
+    pooled = np.sqrt(np.mean(q_pair ** 2)) if q_pair.size else 0.0
+    fill = np.where(pooled > 0, pooled, worst)
+    qp = np.where(q_pair > 0, q_pair, fill)
+    qs = np.where(q_stat > 0, q_stat, qp)
+    unit = n * (1.0 if scale is None else np.asarray(scale, dtype=float))
+    return (crit * qs + NormalDist().inv_cdf(POWER) * qp) / unit
 
 
-def analyse_grid(g: ItemGrid, alpha: float = 0.05, samples: int = 1000, seed: int = 0,
-                 tol: float | None = None) -> tuple[list[dict], list[dict], list[dict]]:
-    """(pair rows, config rows, item-bootstrap rows) of one benchmark; see the module doc."""
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1) (got {alpha})")
-    n, nc = g.n_items, len(g.configs)
-    if n < 2:
-        raise ValueError(f"benchmark {g.benchmark!r}: item-level significance needs at least 2 items")
-    W = draw_weights(n, samples, seed, g.benchmark)
-    cells = g.cell_scores()                               # (models, configs)
-    boot_cells = g.cell_scores(W)                         # (draws, models, configs)
-    binary = np.all((g.value == 0) | (g.value == 1), axis=2)   # (models, configs)
-    rule = rule_for([cells], tol).kind
-    pair_rows, cfg_rows, boot_rows = [], [], []
-    boot_rho, point_rho = [], []
-    for ia, ib in itertools.combinations(range(len(g.models)), 2):
-        a, b = g.models[ia], g.models[ib]
-        sign = diff_sign(cells[ia], cells[ib], tol)       # (configs,), the one definition
-        d = g.value[ia] - g.value[ib]                     # (configs, items)
-        diff = d.mean(axis=1)
-        se = d.std(axis=1, ddof=1) / np.sqrt(n)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            z = np.where(se > 0, diff / se, np.sign(sign) * np.inf)
-        z = np.where(sign == 0, 0.0, z)                   # a tie (exact, or within tol) is no evidence
-        # per-config tests
-        both01 = binary[ia] & binary[ib]
-        n10 = np.sum((g.value[ia] == 1) & (g.value[ib] == 0), axis=1)
-        n01 = np.sum((g.value[ia] == 0) & (g.value[ib] == 1), axis=1)
-        p_mc = mcnemar_exact(n10, n01)
-        dstar = W @ d.T / n                                # (draws, configs)
-        far = np.abs(dstar - diff) >= np.abs(diff) - 1e-12 * np.maximum(1.0, np.abs(diff))
-        p_bs = (1.0 + far.sum(axis=0)) / (samples + 1.0)
-        p = np.where(both01, p_mc, p_bs)
-        p = np.where(sign == 0, 1.0, p)
-        p_h = holm(p)
-        sig = p_h <= alpha
-        ahead = np.where(sig & (sign > 0), a, np.where(sig & (sign < 0), b, ""))
-        n_plus_sig, n_minus_sig = int(np.sum(sig & (sign > 0))), int(np.sum(sig & (sign < 0)))
-        # crossover: joint max-T over configs
-        with np.errstate(divide="ignore", invalid="ignore"):
-            zstar = np.where(se > 0, (dstar - diff) / np.where(se > 0, se, 1.0), 0.0)
-        m_a, m_b = zstar.max(axis=1), (-zstar).max(axis=1)
-        t_a, t_b = float(np.max(z)), float(np.max(-z))
-        p_a = float((1 + np.sum(m_a >= t_a)) / (samples + 1)) if t_a > 0 else 1.0
-        p_b = float((1 + np.sum(m_b >= t_b)) / (samples + 1)) if t_b > 0 else 1.0
-        cross_p = max(p_a, p_b)
-        n_plus, n_minus = int(np.sum(sign > 0)), int(np.sum(sign < 0))
-        rho = min(n_plus, n_minus) / nc
-        # item bootstrap of rho_flip: every cell recomputed on the same item draws
-        bsign = diff_sign(boot_cells[:, ia, :], boot_cells[:, ib, :], tol)
-        brho = np.minimum((bsign > 0).sum(axis=1), (bsign < 0).sum(axis=1)) / nc
-        boot_rho.append(brho)
-        point_rho.append(rho)
-        pair_rows.append({
-            "benchmark": g.benchmark, "model_a": a, "model_b": b, "n_configs": nc, "n_items": n,
-            "n_plus": n_plus, "n_minus": n_minus, "n_zero": nc - n_plus - n_minus, "rho_flip": rho,
-            "n_plus_sig": n_plus_sig, "n_minus_sig": n_minus_sig,
-            "rho_flip_sig": min(n_plus_sig, n_minus_sig) / nc, "alpha": float(alpha), "correction": CORRECTION,
-            "crossover_p": cross_p, "crossover": bool(cross_p <= alpha), "p_a_ahead": p_a, "p_b_ahead": p_b,
-            "crit_a": float(np.quantile(m_a, 1 - alpha)), "crit_b": float(np.quantile(m_b, 1 - alpha)),
-            "pattern": _pattern(n_plus, n_minus, n_plus_sig, n_minus_sig), "tie_rule": rule,
-            "samples": int(samples), "seed": int(seed)})
-        for j, c in enumerate(g.configs):
-            cfg_rows.append({"benchmark": g.benchmark, "model_a": a, "model_b": b, "config": c, "n_items": n,
-                             "diff": float(diff[j]), "se": float(se[j]), "z": float(z[j]),
-                             "test": "none (tie)" if sign[j] == 0 else
-                             ("mcnemar_exact" if both01[j] else "paired_bootstrap"),
-                             "p_value": float(p[j]), "p_holm": float(p_h[j]), "significant": bool(sig[j]),
-                             "ahead": str(ahead[j])})
-        lo, hi = _percentile(brho)
-        boot_rows.append({"benchmark": g.benchmark, "statistic": f"{a} vs {b}", "model_a": a, "model_b": b,
-                          "resamples": "items", "n_configs": nc, "n_items": n, "estimate": rho,
-                          "ci_low": lo, "ci_high": hi, "boot_mean": float(brho.mean()),
-                          "samples": int(samples), "seed": int(seed)})
-    if boot_rho:
-        mx = np.max(np.stack(boot_rho, axis=1), axis=1)
-        lo, hi = _percentile(mx)
-        boot_rows.append({"benchmark": g.benchmark, "statistic": "max", "model_a": "", "model_b": "",
-                          "resamples": "items", "n_configs": nc, "n_items": n, "estimate": max(point_rho),
-                          "ci_low": lo, "ci_high": hi, "boot_mean": float(mx.mean()),
-                          "samples": int(samples), "seed": int(seed)})
-    return pair_rows, cfg_rows, boot_rows
+@dataclass
+class Settings:
+    alpha: float = 0.05
+    samples: int | None = None     # None: auto (resampling.auto_samples)
+    seed: int = 0
+    tol: float | None = None
+    family: str = "pair"
+    correction: str = "maxt"
+
+    def check(self) -> None:
+        if not (0 < self.alpha < 1):
+            raise ValueError(f"alpha must be in (0, 1) (got {self.alpha})")
+        if self.samples is not None and int(self.samples) < 1:
+            raise ValueError(f"resampling samples must be >= 1 (got {self.samples})")
+        if int(self.seed) < 0:
+            raise ValueError(f"the resampling seed must be >= 0 (got {self.seed})")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {sorted(FAMILIES)} (got {self.family!r})")
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"correction must be one of {sorted(CORRECTIONS)} (got {self.correction!r})")
 
 
-def significance_tables(grids: list[ItemGrid], alpha: float = 0.05, samples: int = 1000, seed: int = 0,
-                        tol: float | None = None) -> dict[str, pd.DataFrame]:
-    """``significance`` (per benchmark and pair), ``significance_configs`` (per config) and
-    ``bootstrap_items`` (item-bootstrap intervals of rho_flip) for the given benchmarks."""
-    pairs, cfgs, boots = [], [], []
+def family_size(grids: list[ItemGrid], family: str) -> int:
+    sizes = [len(g.configs) * len(g.models) * (len(g.models) - 1) // 2 for g in grids]
+    if family == "pair":
+        return max((len(g.configs) for g in grids), default=1)
+    return max(sizes, default=1) if family == "benchmark" else max(sum(sizes), 1)
+
+
+def resolved_samples(grids: list[ItemGrid], s: Settings) -> int:
+    return int(s.samples) if s.samples is not None else auto_samples(s.alpha, family_size(grids, s.family),
+                                                                     s.correction)
+
+
+def significance_tables(grids: list[ItemGrid], settings: Settings | None = None, *, table: str = "significance",
+                        warnings: list[str] | None = None) -> dict[str, pd.DataFrame]:
+    """``significance`` (per benchmark and pair), ``significance_configs`` (per config),
+    ``significance_benchmarks`` (per benchmark: the noise references and the verdict) and
+    ``bootstrap_items``. Resolution problems are appended to ``warnings`` (naming ``table``)."""
+    s = settings or Settings()
+    s.check()
+    grids = sorted(grids, key=lambda x: x.benchmark)
+    B = resolved_samples(grids, s)
+    warnings = warnings if warnings is not None else []
+    pnulls: dict[str, list[PairNull]] = {}
+    bnulls: dict[str, BenchNull] = {}
+    cells_of, signs_of = {}, {}
+    for g in grids:
+        cells = g.cell_scores()
+        cells_of[g.benchmark] = cells
+        pairs = list(itertools.combinations(range(len(g.models)), 2))
+        signs_of[g.benchmark] = [diff_sign(cells[ia], cells[ib], s.tol) for ia, ib in pairs]
+        pnulls[g.benchmark] = [pair_null(g, ia, ib, B, s.seed, s.tol, sg)
+                               for (ia, ib), sg in zip(pairs, signs_of[g.benchmark])]
+        bnulls[g.benchmark] = bench_null(g, B, s.seed, s.tol)
+    # families -> adjusted p per (benchmark, pair index) as (configs,) arrays
+    fams: list[tuple[Family, list[tuple[str, int]]]] = []
+    if s.family == "pair":
+        for b, pl in pnulls.items():
+            for k, pn in enumerate(pl):
+                fams.append((Family(pn.abs_obs, pn.abs_star, pn.draws, s.correction), [(b, k)]))
+    elif s.family == "benchmark":
+        for b, bn in bnulls.items():
+            fams.append((Family(bn.abs_obs, bn.abs_star, bn.draws, s.correction),
+                         [(b, k) for k in range(len(bn.pairs))]))
+    else:
+        bl = [bn for bn in bnulls.values() if bn.pairs]
+        if bl:
+            fams.append((Family(np.concatenate([x.abs_obs for x in bl]), np.concatenate([x.abs_star for x in bl], axis=1),
+                                bl[0].draws, s.correction), [(x.benchmark, k) for x in bl for k in range(len(x.pairs))]))
+    decided: dict[tuple[str, int], dict] = {}
+    for fam, members in fams:
+        raw, adj = fam.adjusted()
+        crit = fam.crit(s.alpha)
+        minp = fam.min_attainable
+        reach = minp <= s.alpha
+        if not reach:
+            where = ("; ".join(f"{b} {pnulls[b][k].a} vs {pnulls[b][k].b}" for b, k in members[:3])
+                     + (f" and {len(members) - 3} more" if len(members) > 3 else ""))
+            hint = ("too few items differ for any test to reach it" if fam.draws.kind == "exact"
+                    else f"raise the resampling samples to at least {auto_samples(s.alpha, fam.abs_obs.size, s.correction)}")
+            warnings.append(f"{table}: {where}: with {fam.draws.describe()} the smallest attainable p after "
+                            f"{s.correction} over {fam.abs_obs.size} tests is {minp:.3g} > alpha = {s.alpha:g}: "
+                            f"no reversal can be significant ({hint})")
+        off = 0
+        for b, k in members:
+            pn = pnulls[b][k]
+            nc = pn.sign.size
+            sl = slice(off, off + nc)
+            off += nc
+            q_stat = pn.q if s.family == "pair" else bnulls[b].q_pool
+            decided[(b, k)] = {"raw": raw[sl], "adj": adj[sl], "crit": crit, "min_p": minp, "reach": reach,
+                               "resampling": fam.draws.describe(),
+                               "mdd": _mdd(crit, q_stat, pn.q, pn.arrays.scale, pn.arrays.n_items, reach)}
+    pair_rows, cfg_rows, bench_rows, boot_rows = [], [], [], []
+    for g in grids:
+        b = g.benchmark
+        n, nc = g.n_items, len(g.configs)
+        rule = rule_for([cells_of[b]], s.tol).kind
+        binary = np.all((g.value == 0) | (g.value == 1), axis=2)
+        n_cross, n_rev_sig, mdds = 0, 0, []
+        for k, pn in enumerate(pnulls[b]):
+            dec = decided[(b, k)]
+            sign = pn.sign
+            sig = dec["adj"] <= s.alpha
+            plus, minus = sig & (sign > 0), sig & (sign < 0)
+            n_plus, n_minus = int(np.sum(sign > 0)), int(np.sum(sign < 0))
+            rho = min(n_plus, n_minus) / nc
+            p_a = float(dec["adj"][sign > 0].min()) if n_plus else 1.0
+            p_b = float(dec["adj"][sign < 0].min()) if n_minus else 1.0
+            nul = null_summary(pn.null_rho, rho, pn.draws)
+            pattern = _pattern(n_plus, n_minus, int(plus.sum()), int(minus.sum()))
+            n_cross += pattern == "crossover"
+            n_rev_sig += pattern in ("crossover", "one_sided")
+            mdds.append(dec["mdd"])
+            diff = g.value[g.models.index(pn.a)].mean(axis=1) - g.value[g.models.index(pn.b)].mean(axis=1)
+            dv = g.value[g.models.index(pn.a)] - g.value[g.models.index(pn.b)]
+            se = dv.std(axis=1, ddof=1) / np.sqrt(n) if n > 1 else np.full(nc, np.nan)
+            pair_rows.append({
+                "benchmark": b, "model_a": pn.a, "model_b": pn.b, "n_configs": nc, "n_items": n,
+                "n_plus": n_plus, "n_minus": n_minus, "n_zero": nc - n_plus - n_minus, "rho_flip": rho,
+                "rho_flip_null_mean": nul["null_mean"], "rho_flip_null_q95": nul["null_q95"],
+                "rho_flip_null_p": nul["null_p"], "flips_exceed_noise": bool(rho > 0 and nul["null_p"] <= s.alpha),
+                "n_plus_sig": int(plus.sum()), "n_minus_sig": int(minus.sum()),
+                "rho_flip_sig": min(int(plus.sum()), int(minus.sum())) / nc, "alpha": float(s.alpha),
+                "family": s.family, "correction": CORRECTIONS[s.correction],
+                "crossover_p": max(p_a, p_b), "crossover": bool(max(p_a, p_b) <= s.alpha),
+                "p_a_ahead": p_a, "p_b_ahead": p_b, "crit": dec["crit"],
+                "mdd_median": float(np.median(dec["mdd"])), "pattern": pattern, "resampling": dec["resampling"],
+                "samples": int(pn.draws.samples), "min_attainable_p": dec["min_p"], "can_reach_alpha": dec["reach"],
+                "tie_rule": rule, "seed": int(s.seed)})
+            both01 = binary[g.models.index(pn.a)] & binary[g.models.index(pn.b)]
+            stat = np.where(pn.q > 0, pn.d.sum(axis=1) / np.where(pn.q > 0, pn.q, 1.0), 0.0)
+            for j, c in enumerate(g.configs):
+                test = ("none (tie)" if sign[j] == 0 else
+                        ("sign_flip_exact" if pn.draws.kind == "exact" else "sign_flip")
+                        + (" (exact McNemar for 0/1 items)" if both01[j] and pn.draws.kind == "exact" else ""))
+                cfg_rows.append({"benchmark": b, "model_a": pn.a, "model_b": pn.b, "config": c, "n_items": n,
+                                 "diff": float(diff[j]), "se": float(se[j]), "stat": float(stat[j]), "test": test,
+                                 "p_value": float(dec["raw"][j]), "p_adj": float(dec["adj"][j]),
+                                 "significant": bool(sig[j]),
+                                 "ahead": pn.a if plus[j] else (pn.b if minus[j] else ""),
+                                 "mdd": float(dec["mdd"][j]), "detectable": bool(np.isfinite(dec["mdd"][j]))})
+        bn = bnulls[b]
+        ob = bn.observed
+        best = max(pair_rows[-len(pnulls[b]):], key=lambda r: r["rho_flip"]) if pnulls[b] else None
+        nul = {k: null_summary(bn.null[k], ob[k], bn.draws) for k in ob}
+        exceed = ob["max_rho_flip"] > 0 and nul["max_rho_flip"]["null_p"] <= s.alpha
+        verdict = ("stable" if not ob["max_rho_flip"] else "crossover" if n_cross else
+                   "excess_flips" if exceed else "noise")
+        mdd_all = np.concatenate(mdds) if mdds else np.array([np.inf])
+        bench_rows.append({
+            "benchmark": b, "n_models": len(g.models), "n_configs": nc, "n_items": n,
+            "max_rho_flip": ob["max_rho_flip"], "max_pair": f"{best['model_a']} vs {best['model_b']}" if best else "",
+            "max_rho_flip_null_mean": nul["max_rho_flip"]["null_mean"],
+            "max_rho_flip_null_q95": nul["max_rho_flip"]["null_q95"],
+            "max_rho_flip_null_p": nul["max_rho_flip"]["null_p"],
+            "orderings_reachable": int(ob["orderings_reachable"]), "orderings_possible": math.factorial(len(g.models)),
+            "orderings_null_mean": nul["orderings_reachable"]["null_mean"],
+            "orderings_null_q95": nul["orderings_reachable"]["null_q95"],
+            "orderings_null_p": nul["orderings_reachable"]["null_p"],
+            "order_change_rate": ob["order_change_rate"],
+            "order_change_null_mean": nul["order_change_rate"]["null_mean"],
+            "order_change_null_q95": nul["order_change_rate"]["null_q95"],
+            "order_change_null_p": nul["order_change_rate"]["null_p"],
+            "order_change_exchangeable": 1.0 - 1.0 / math.factorial(len(g.models)),
+            "pairs_crossover": int(n_cross), "pairs_sig_reversal": int(n_rev_sig),
+            "mdd_median": float(np.median(mdd_all)), "verdict": verdict, "verdict_text": VERDICTS[verdict],
+            "alpha": float(s.alpha), "family": s.family, "correction": CORRECTIONS[s.correction],
+            "samples": int(bn.draws.samples), "seed": int(s.seed)})
+        boot_rows += _item_bootstrap(g, cells_of[b], [p.a for p in pnulls[b]], [p.b for p in pnulls[b]], B, s)
+    return {"significance": pd.DataFrame(pair_rows, columns=PAIR_COLUMNS),
+            "significance_configs": pd.DataFrame(cfg_rows, columns=CONFIG_COLUMNS),
+            "significance_benchmarks": pd.DataFrame(bench_rows, columns=BENCH_COLUMNS),
+            "bootstrap_items": pd.DataFrame(boot_rows, columns=BOOT_COLUMNS)}
+
+
+def draw_weights(n_items: int, samples: int, seed: int, benchmark: str) -> np.ndarray:
+    """(samples, n_items) multiplicities of a with-replacement draw of n_items items."""
+    if samples < 1:
+        raise ValueError("bootstrap samples must be >= 1")
+    return stream(seed, "items:" + benchmark).multinomial(n_items, np.full(n_items, 1.0 / n_items),
+                                                          size=samples).astype(float)
+
+
+def _item_bootstrap(g: ItemGrid, cells: Scores, a_names, b_names, samples: int, s: Settings) -> list[dict]:
+    """Spread of the plug-in rho_flip (per pair and its max) over item redraws."""
+    if not a_names:
+        return []
+    W = draw_weights(g.n_items, samples, s.seed, g.benchmark)
+    boot = g.cell_scores(W)
+    nc = len(g.configs)
+    rows, dists, points = [], [], []
+    for a, b in zip(a_names, b_names):
+        ia, ib = g.models.index(a), g.models.index(b)
+        bs = diff_sign(boot[:, ia, :], boot[:, ib, :], s.tol)
+        dist = _rho(bs)
+        sg = diff_sign(cells[ia], cells[ib], s.tol)
+        point = min(int(np.sum(sg > 0)), int(np.sum(sg < 0))) / nc
+        dists.append(dist)
+        points.append(point)
+        lo, hi = _percentile(dist)
+        rows.append({"benchmark": g.benchmark, "statistic": f"{a} vs {b}", "model_a": a, "model_b": b,
+                     "resamples": "items", "n_configs": nc, "n_items": g.n_items, "estimate": point,
+                     "ci_low": lo, "ci_high": hi, "boot_mean": float(dist.mean()), "samples": int(samples),
+                     "seed": int(s.seed), "reading": BOOT_READING})
+    mx = np.max(np.stack(dists, axis=1), axis=1)
+    lo, hi = _percentile(mx)
+    rows.append({"benchmark": g.benchmark, "statistic": "max", "model_a": "", "model_b": "", "resamples": "items",
+                 "n_configs": nc, "n_items": g.n_items, "estimate": max(points), "ci_low": lo, "ci_high": hi,
+                 "boot_mean": float(mx.mean()), "samples": int(samples), "seed": int(s.seed), "reading": BOOT_READING})
+    return rows
+
+
+def noise_columns(grids: list[ItemGrid], samples: int, seed: int, tol=None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The noise references alone (no tests), for tables over config subsets: per (benchmark,
+    pair) ``rho_flip_null_*`` and per benchmark ``max_rho_flip_null_*``, ``orderings_null_*``,
+    ``order_change_null_*`` (same streams as :func:`significance_tables`)."""
+    prow, brow = [], []
     for g in sorted(grids, key=lambda x: x.benchmark):
-        p, c, b = analyse_grid(g, alpha, samples, seed, tol)
-        pairs += p
-        cfgs += c
-        boots += b
-    return {"significance": pd.DataFrame(pairs, columns=PAIR_COLUMNS),
-            "significance_configs": pd.DataFrame(cfgs, columns=CONFIG_COLUMNS),
-            "bootstrap_items": pd.DataFrame(boots, columns=BOOT_COLUMNS)}
+        if len(g.configs) == 0:
+            continue
+        cells = g.cell_scores()
+        for ia, ib in itertools.combinations(range(len(g.models)), 2):
+            sg = diff_sign(cells[ia], cells[ib], tol)
+            pn = pair_null(g, ia, ib, samples, seed, tol, sg)
+            rho = min(int(np.sum(sg > 0)), int(np.sum(sg < 0))) / len(g.configs)
+            nul = null_summary(pn.null_rho, rho, pn.draws)
+            prow.append({"benchmark": g.benchmark, "model_a": pn.a, "model_b": pn.b, "rho_flip_null_mean": nul["null_mean"],
+                         "rho_flip_null_q95": nul["null_q95"], "rho_flip_null_p": nul["null_p"]})
+        bn = bench_null(g, samples, seed, tol)
+        r = {"benchmark": g.benchmark}
+        for k, name in (("max_rho_flip", "max_rho_flip"), ("orderings_reachable", "orderings"),
+                        ("order_change_rate", "order_change")):
+            nul = null_summary(bn.null[k], bn.observed[k], bn.draws)
+            r |= {f"{name}_null_mean": nul["null_mean"], f"{name}_null_q95": nul["null_q95"],
+                  f"{name}_null_p": nul["null_p"]}
+        brow.append(r)
+    return pd.DataFrame(prow), pd.DataFrame(brow)
+
+
+def headline_sentence(row: dict) -> str:
+    """One benchmark's verdict read against noise (a ``significance_benchmarks`` row), in words."""
+    mdd = row.get("mdd_median", float("nan"))
+    power = (f"; with {row['n_items']} items a config needs a difference of about {100 * mdd:.0f} pp to be "
+             "detected (80% power)" if np.isfinite(mdd) else
+             f"; with {row['n_items']} items no reversal of any size can be significant")
+    return (f"{row['benchmark']}: max rho_flip {row['max_rho_flip']:.3f} ({row['max_pair']}); two exchangeable "
+            f"models give {row['max_rho_flip_null_mean']:.3f} on average (95%: {row['max_rho_flip_null_q95']:.3f}), "
+            f"p = {row['max_rho_flip_null_p']:.3g}; {row['pairs_crossover']} pair(s) reverse significantly both "
+            f"ways -> {row['verdict_text']}{power}")
+
+
+def analyse_grid(g: ItemGrid, **settings) -> dict[str, pd.DataFrame]:
+    """:func:`significance_tables` of one benchmark (keyword arguments: :class:`Settings`)."""
+    return significance_tables([g], Settings(**settings))
