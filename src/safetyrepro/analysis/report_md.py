@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..errors import DataError
 from ..io import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
@@ -63,8 +64,12 @@ def _figure(figures_dir: Path, name: str, out_path: Path, alt: str) -> str:
 
 def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str | Path) -> str:
     tables_dir, figures_dir, out_path = Path(tables_dir), Path(figures_dir), Path(out_path)
+    if not tables_dir.is_dir():
+        raise DataError(tables_dir, "tables folder not found")
     loaded = {name: read_table(tables_dir / f"{name}.parquet") for name in REPORT_TABLES
               if (tables_dir / f"{name}.parquet").exists()}
+    if not loaded:
+        raise DataError(tables_dir, f"none of the report's tables is here (expected e.g. {REPORT_TABLES[0]}.parquet)")
 
     stale = {name: note for name, (_, meta) in loaded.items() if (note := stale_note(name, meta))}
 
