@@ -1,4 +1,4 @@
-"""`safetyrepro import lm-eval|inspect`: other harnesses' per-item results -> certify's table."""
+"""`safetyrepro import lm-eval|inspect|helm`: other harnesses' per-item results -> certify's table."""
 
 from __future__ import annotations
 
@@ -78,6 +78,21 @@ def register(app: typer.Typer) -> None:
         from .importers import import_inspect
 
         _write(import_inspect(logs, metric, benchmark), out, as_json)
+
+    @imp.command("helm")
+    def helm_cmd(
+        runs: List[Path] = typer.Argument(..., help="HELM run folders (benchmark_output/runs/<suite>/<run>) or "
+                                                    "folders above them"),
+        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        metric: Optional[str] = typer.Option(None, "--metric", help="per-instance stat (default exact_match)"),
+        benchmark: Optional[str] = typer.Option(None, "--benchmark",
+                                                help="benchmark name (default: from the run name)"),
+        as_json: bool = _JSON,
+    ):
+        """HELM run folders (run_spec.json, scenario_state.json, per_instance_stats.json) -> long table."""
+        from .importers import import_helm
+
+        _write(import_helm(runs, metric, benchmark), out, as_json)
 
     app.add_typer(imp, name="import")
 

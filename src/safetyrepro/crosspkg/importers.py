@@ -37,7 +37,7 @@ from ..errors import DataError
 #: truthfulqa_mc1, sr_truthfulqa_mc1 -> truthfulqa); other tasks keep their own name as benchmark.
 LMEVAL_BENCHMARKS = {
     "truthfulqa": "truthfulqa", "bbq": "bbq", "crows_pairs": "crows_pairs",
-    "toxigen": "toxigen", "xstest": "xstest",
+    "toxigen": "toxigen", "xstest": "xstest", "truthful_qa": "truthfulqa",   # the last: HELM's name
 }
 
 
@@ -407,11 +407,167 @@ def read_inspect_log(src, metric: str | None = None, benchmark: str | None = Non
     return Run(str(path), model, benchmark_of(task, benchmark), settings, scores, m)
 
 
+# ---------------------------------------------------------------------------------- HELM
+# A HELM run folder (benchmark_output/runs/<suite>/<run name>/, written by helm-run) read as
+# JSON: run_spec.json (RunSpec), scenario_state.json (ScenarioState: the evaluated instances),
+# per_instance_stats.json (a list of PerInstanceStats). crfm-helm is not needed to read them
+# (its pins conflict with this environment's torch and datasets; docs/CROSS_PACKAGE.md).
+
+#: PerturbationDescription fields that describe how a stat is computed, not which perturbation
+_PERT_META = {"name", "robustness", "fairness", "computed_on"}
+
+
+def _helm_json(run: Path, name: str, kind: type):
+    f = run / name
+    if not f.exists():
+        raise DataError(run, f"no {name} (not a HELM run folder written by helm-run?)")
+    v = _parse_json(_read_text(f), f)
+    if not isinstance(v, kind):
+        raise DataError(f, f"a {type(v).__name__}, expected a JSON {'object' if kind is dict else 'list'}")
+    return f, v
+
+
+def _helm_item(iid, pert, f: Path, where: str) -> str:
+    """Item id: the instance id, plus the perturbation (name and parameters) if there is one."""
+    if not isinstance(iid, str) or not iid:
+        raise DataError(f, f"{where}: instance id {_short(iid, 40)} is not text")
+    if pert is None:
+        return iid
+    pert = _obj(pert, f, f"{where}.perturbation")
+    name = pert.get("name")
+    if not isinstance(name, str) or not name:
+        raise DataError(f, f"{where}: perturbation without a name")
+    params = ",".join(f"{k}={_fmt(v)}" for k, v in sorted(pert.items()) if k not in _PERT_META)
+    return f"{iid}~{name}" + (f"({params})" if params else "")
+
+
+def helm_run_dirs(paths) -> list[Path]:
+    """Run folders (those holding run_spec.json): the paths themselves or, for a suite or
+    benchmark_output folder, every run folder under it."""
+    out = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise DataError(p, "not found")
+        if not p.is_dir():
+            raise DataError(p, "expected a HELM run folder (benchmark_output/runs/<suite>/<run>)")
+        if (p / "run_spec.json").exists():
+            out.append(p)
+            continue
+        found = sorted(f.parent for f in p.rglob("run_spec.json") if not f.is_dir())
+        if not found:
+            raise DataError(p, "no HELM run folders (run_spec.json) under this folder")
+        out += found
+    return out
+
+
+def read_helm_run(run: Path, metric: str | None = None, benchmark: str | None = None) -> Run:
+    """One HELM run folder -> a run. Item = instance id (+ perturbation); score = the mean of
+    the per-instance stat ``metric`` (default exact_match), averaged over train trials."""
+    run = Path(run)
+    sf, spec = _helm_json(run, "run_spec.json", dict)
+    adapter = _obj(spec.get("adapter_spec"), sf, "adapter_spec", optional=False)
+    scen = _obj(spec.get("scenario_spec"), sf, "scenario_spec", optional=False)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise DataError(sf, "field 'name' is missing or not text")
+    stf, state = _helm_json(run, "scenario_state.json", dict)
+    rstates = state.get("request_states")
+    if not isinstance(rstates, list):
+        raise DataError(stf, "field 'request_states' is missing or not a list")
+    expected = set()
+    for n, rs in enumerate(rstates):
+        inst = _obj(_obj(rs, stf, f"request_states[{n}]", optional=False).get("instance"), stf,
+                    f"request_states[{n}].instance", optional=False)
+        expected.add(_helm_item(inst.get("id"), inst.get("perturbation"), stf, f"request_states[{n}]"))
+    pf, per = _helm_json(run, "per_instance_stats.json", list)
+    if not per:
+        raise DataError(pf, "no per-instance stats")
+    values: dict[str, dict[int, dict[str, float]]] = {}
+    for n, e in enumerate(per):
+        where = f"entry {n}"
+        e = _obj(e, pf, where, optional=False)
+        item = _helm_item(e.get("instance_id"), e.get("perturbation"), pf, where)
+        trial = e.get("train_trial_index", 0)
+        if isinstance(trial, bool) or not isinstance(trial, int):
+            raise DataError(pf, f"{where}: train_trial_index {_short(trial, 40)} is not an integer")
+        if trial in values.get(item, {}):
+            raise DataError(pf, f"{where}: instance {item!r} appears twice in train trial {trial}")
+        stats = e.get("stats")
+        if not isinstance(stats, list):
+            raise DataError(pf, f"{where}: field 'stats' is not a list")
+        got = {}
+        for k, st in enumerate(stats):
+            st = _obj(st, pf, f"{where}.stats[{k}]", optional=False)
+            sname = _obj(st.get("name"), pf, f"{where}.stats[{k}].name", optional=False).get("name")
+            if not isinstance(sname, str):
+                raise DataError(pf, f"{where}.stats[{k}]: stat name is not text")
+            got[sname] = st
+        values.setdefault(item, {})[trial] = got
+    names = sorted(set.intersection(*(set(g) for t in values.values() for g in t.values())))
+    m = metric or "exact_match"
+    if m not in names:
+        raise DataError(pf, f"unknown metric {m!r}; every instance carries {names}" if metric else
+                        f"no 'exact_match' stat; choose one with --metric of {names}")
+    scores = {}
+    for item, trials in values.items():
+        vals = []
+        for trial, got in sorted(trials.items()):
+            st = got[m]
+            where = f"instance {item!r}, trial {trial}, stat {m!r}"
+            if st.get("mean") is not None:
+                vals.append(_number(st["mean"], pf, where))
+            else:
+                count = _number(st.get("count", 0), pf, where + " count")
+                if count <= 0:
+                    raise DataError(pf, f"{where}: no value (count {count:g})")
+                vals.append(_number(st.get("sum"), pf, where + " sum") / count)
+        scores[item] = sum(vals) / len(vals)
+    missing = sorted(expected - set(scores))
+    if missing:
+        raise DataError(pf, f"{len(missing)} evaluated instance(s) of scenario_state.json have no stats: "
+                            f"{missing[:10]}")
+    model = adapter.get("model") or adapter.get("model_deployment")
+    if not isinstance(model, str) or not model:
+        raise DataError(sf, "field 'adapter_spec.model' is missing or not text")
+    aug = _obj(spec.get("data_augmenter_spec"), sf, "data_augmenter_spec")
+    perts = aug.get("perturbation_specs") or []
+    if not isinstance(perts, list):
+        raise DataError(sf, "field 'data_augmenter_spec.perturbation_specs' is not a list")
+    prompt_keys = ("global_prefix", "global_suffix", "instructions", "input_prefix", "input_suffix",
+                   "reference_prefix", "reference_suffix", "output_prefix", "output_suffix", "instance_prefix")
+    task = name.split(":", 1)[0]
+    settings = {
+        "package": "helm",
+        "task": task,
+        "scenario_args": _fmt(scen.get("args")),
+        "method": _text(adapter.get("method"), sf, "adapter_spec.method"),
+        "num_fewshot": adapter.get("max_train_instances"),
+        "temperature": adapter.get("temperature"),
+        "max_tokens": adapter.get("max_tokens"),
+        "stop_sequences": _fmt(adapter.get("stop_sequences")),
+        "num_outputs": adapter.get("num_outputs"),
+        "num_train_trials": adapter.get("num_train_trials"),
+        "prompt_format": _fmt({k: adapter[k] for k in prompt_keys if k in adapter}),
+        "perturbations": _fmt(perts),
+        "metric": m,
+    }
+    for k in ("num_fewshot", "temperature", "max_tokens", "num_outputs", "num_train_trials"):
+        v = settings[k]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise DataError(sf, f"field 'adapter_spec' value {k}={_short(v, 40)} is not a number")
+    return Run(str(run), model, benchmark_of(task, benchmark), settings, scores, m)
+
+
+def import_helm(paths, metric: str | None = None, benchmark: str | None = None) -> ImportResult:
+    return assemble([read_helm_run(d, metric, benchmark) for d in helm_run_dirs(paths)],
+                    ", ".join(map(str, paths)))
+
+
 # ---------------------------------------------------------------------------------- assemble
 
 #: short column names for the settings (the axis columns)
 _SHORT = {"num_fewshot": "shots", "chat_template": "chat", "fewshot_as_multiturn": "multiturn",
-          "system_instruction": "system", "generate_config": "generate"}
+          "system_instruction": "system", "generate_config": "generate", "num_train_trials": "train_trials"}
 
 
 def _item_order(kv):
