@@ -405,7 +405,8 @@ def test_lmeval_formula_cells_are_written_as_text(filter_runs, tmp_path):
     back = pd.read_csv(out, dtype=str, keep_default_na=False)
     assert "'=1+2" in set(back["model"]) and "'@SUM(A1)" in set(back["system"])
     assert "'-1+1" in set(back["source_id"])
-    assert not any(v.startswith(("=", "+", "-", "@", "\t", "\r")) for v in back.drop(columns="score").to_numpy().ravel())
+    cells = back.drop(columns="score").to_numpy().ravel()
+    assert not any(v.startswith(("=", "+", "-", "@", "\t", "\r")) for v in cells)
     pq = tmp_path / "t.parquet"
     assert run_cli("import", "lm-eval", str(runs[""]), str(evil), "--out", str(pq)).returncode == 0
     assert "=1+2" in set(pd.read_parquet(pq)["model"])

@@ -7,19 +7,22 @@ every run are not axes; they are returned in ``ImportResult.constant``.
 
 * lm-evaluation-harness: a folder written with ``--output_path DIR --log_samples`` (searched
   recursively) holds ``results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task.
-  A results file is one run; its settings are the task (variant), ``num_fewshot``, chat template
+  One run per (task, filter pipeline); the item is lm-eval's ``doc_id`` (the document's own id,
+  if any, goes to column ``source_id``). Settings: the task, ``num_fewshot``, chat template
   on/off, few-shot as multi-turn, the system instruction, the generation kwargs, the model
-  arguments other than the path, and the lm-eval version.
-* Inspect: eval logs read through :func:`inspect_ai.log.read_eval_log` (any format Inspect
-  writes). Settings: the task, its arguments, the solver plan, the generate config, the model
-  arguments other than the path, and the inspect_ai version. The item score is the scorer's
-  value (``C``/``I`` and other Inspect letter values map through ``value_to_float``), averaged
-  over epochs.
+  arguments other than the path, the lm-eval version and the filter.
+* Inspect: eval logs, or folders of them as :func:`inspect_ai.log.list_eval_logs` lists them,
+  read through :func:`inspect_ai.log.read_eval_log`. Settings: the task, its arguments, the
+  solver plan, the generate config, the model arguments other than the path, and the
+  inspect_ai version. The item score is the scorer's value (``C``/``I`` and other Inspect letter
+  values map through ``value_to_float``), averaged over epochs.
+* HELM: run folders (``run_spec.json``, ``scenario_state.json``, ``per_instance_stats.json``);
+  the item is the instance id (+ perturbation), the score a per-instance stat.
 
-Errors (:class:`~safetyrepro.errors.DataError`, naming the file): a run without per-sample
-results, a metric the samples do not carry (the available ones are listed), runs of one
-benchmark whose item sets differ (the items each lacks are listed), two runs with identical
-settings for the same model and benchmark.
+Errors (:class:`~safetyrepro.errors.DataError`, naming the file and field or line): a field of a
+third-party file of the wrong type, a run without per-sample results, a metric the samples do
+not carry (the available ones are listed), runs of one benchmark whose item sets differ (the
+items each lacks are listed), two runs with identical settings for the same model and benchmark.
 """
 
 from __future__ import annotations
@@ -249,8 +252,8 @@ def read_lmeval_run(results: Path, metric: str | None = None, benchmark: str | N
 
     lm-eval writes one sample line per (doc_id, filter); each filter pipeline (gsm8k's
     strict-match and flexible-extract) is its own run with setting ``filter`` (``filter_name``
-    keeps only that one in tasks that have several). The item id is the doc_id (unique within a task); the document's own
-    id field, if any, goes to ``Run.refs``."""
+    keeps only that one in tasks that have several). The item id is the doc_id (unique within a
+    task); the document's own id field, if any, goes to ``Run.refs``."""
     results = Path(results)
     res = _parse_json(_read_text(results), results)
     if not isinstance(res, dict) or "results" not in res or "config" not in res:
