@@ -131,3 +131,21 @@ def test_read_lmeval_then_certify(tmp_path):
     res = safetyrepro.certify(df, config_cols=df.attrs["axes"], samples=50)
     assert res.level == "item" and int(res.pairs.iloc[0]["n_configs"]) == 2
 
+
+
+def test_read_helm_matches_the_cli_import(tmp_path):
+    """read_helm on the real HELM run folders gives the table `safetyrepro import helm` writes."""
+    import safetyrepro
+
+    suite = Path(__file__).parent / "data" / "helm" / "runs" / "sr"
+    runs = [suite / "simple_mcqa:model=local_smollm2-135m", suite / "simple_mcqa:model=local_smollm2-135m,max_train_instances=0"]
+    df = safetyrepro.read_helm(runs)
+    out = tmp_path / "helm.parquet"
+    r = run_cli("import", "helm", *map(str, runs), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    cli = pd.read_parquet(out)
+    assert len(df) == len(cli) > 0 and set(df["model"]) == set(cli["model"])
+    cols = ["model", "benchmark", "config", "item", "score"]
+    pd.testing.assert_frame_equal(df[cols].sort_values(cols).reset_index(drop=True),
+                                  cli[cols].sort_values(cols).reset_index(drop=True))
+    assert df.attrs["axes"] and df["config"].nunique() == 2       # the shots differ between the runs

@@ -53,13 +53,14 @@ def _table(res: "ImportResult") -> "pd.DataFrame":
 
 
 def read_lmeval(paths: PathLike | Iterable[PathLike], metric: str | None = None,
-                benchmark: str | None = None) -> "pd.DataFrame":
+                benchmark: str | None = None, filter_name: str | None = None) -> "pd.DataFrame":
     """lm-evaluation-harness output folders (``--output_path``, written with ``--log_samples``) or
     ``results_*.json`` files -> the item-level table (model, benchmark, config, item, score and
-    the axis columns), ready for :func:`certify` (``config_cols=df.attrs["axes"]``)."""
+    the axis columns), ready for :func:`certify` (``config_cols=df.attrs["axes"]``). A task with
+    several filter pipelines gives a ``filter`` axis unless ``filter_name`` keeps one."""
     from .crosspkg.importers import import_lmeval
 
-    return _table(import_lmeval(_paths(paths), metric, benchmark))
+    return _table(import_lmeval(_paths(paths), metric, benchmark, filter_name))
 
 
 def read_inspect(paths: PathLike | Iterable[PathLike], metric: str | None = None,
@@ -72,7 +73,8 @@ def read_inspect(paths: PathLike | Iterable[PathLike], metric: str | None = None
 
 def read_helm(paths: PathLike | Iterable[PathLike], metric: str | None = None,
               benchmark: str | None = None) -> "pd.DataFrame":
-    """HELM run folders -> the item-level table (needs the ``helm`` extra)."""
+    """HELM run folders (or suite folders above them) -> the item-level table; reads HELM's
+    JSON files alone (crfm-helm need not be installed)."""
     from .crosspkg.importers import import_helm
 
     return _table(import_helm(_paths(paths), metric, benchmark))
