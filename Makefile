@@ -15,11 +15,13 @@ TORCH_SPEC       ?= torch==2.13.0
 TORCH_CUDA_SPEC  ?= torch
 TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu128
 
-.PHONY: install run test test-kernels test-kernels-quick test-slurm dryrun lint clean-results
+.PHONY: install run test test-kernels test-kernels-quick test-slurm dryrun lint lock clean-results
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Dependencies come at the versions of requirements.lock (-c: the lock constrains, pyproject.toml
+# says what is needed): the package with its test and harness extras (lm-eval, Inspect).
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(HAS_GPU),yes)
@@ -30,7 +32,7 @@ ifeq ($(HAS_GPU),yes)
 else
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH_SPEC)"
 endif
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -c requirements.lock -e ".[test,harness]"
 	@$(PY) -c "import torch; print(f'make: torch {torch.__version__}, CUDA build: {torch.version.cuda or \"none (CPU-only build)\"}, GPU visible: {torch.cuda.is_available()}')"
 	touch $(STAMP)
 
@@ -76,6 +78,18 @@ test-slurm: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/snakemake --lint --configfile $(CONFIG)
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
+
+# Rewrite requirements.lock from .venv (after e.g. `$(PY) -m pip install -U -e ".[test,harness]"`
+# and `make test`): every installed distribution but the project itself, pip and torch.
+LOCK_HEADER := \
+  "\# The tested versions of every dependency (runtime, test and harness extras) except torch, which" \
+  "\# the Makefile installs first (CPU or CUDA build). Linux x86-64, Python 3.11. make installs with" \
+  "\# -c requirements.lock, so a rerun later gets these versions; make lock rewrites it (Makefile)."
+
+lock: $(STAMP)
+	{ printf '%s\n' $(LOCK_HEADER); \
+	  $(PY) -m pip freeze --all --exclude-editable | grep -v -i -E '^(pip|torch|wheel)=='; } > requirements.lock.tmp
+	mv requirements.lock.tmp requirements.lock
 
 clean-results:
 	rm -rf results/

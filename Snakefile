@@ -5,7 +5,7 @@
 #   snakemake --cores 1 --resources gpu=1 --configfile config/config.yaml --profile profiles/default
 #   snakemake --profile profiles/slurm --configfile config/paper.yaml
 # The config file is --configfile (default: config/config.yaml, see common.smk); it is
-# validated against config/schema/config.schema.json before any job starts.
+# validated against src/safetyrepro/data/schema/config.schema.json before any job starts.
 
 
 report: "workflow/report/workflow.rst"

@@ -1,10 +1,12 @@
-"""Benchmark 9: `safetyrepro certify` on synthetic tables of the sizes issue 13 names.
+"""Benchmark 9: `safetyrepro certify` on synthetic tables of the sizes issues 13 and 32 name.
 
 * item level: 3 models x 48 configs x 300 items (the envelope's config count; a third of the
-  configs greedy 0/1 item scores, the rest 5-seed means k/5), 1,000 item-bootstrap draws:
-  every config-level metric plus the significance tables (paired tests, Holm, crossover test,
-  item-bootstrap interval). Target < 10 s.
+  configs greedy 0/1 item scores, the rest 5-seed means k/5), at default settings (the
+  resampling count chosen for alpha): every config-level metric plus the noise references,
+  the per-config tests with step-down max-T, power and the item bootstrap. Target < 10 s.
 * config level: 20 models x 360 configs x 4 benchmarks. Target < 5 s.
+* memory (config level, the CLI's peak resident memory): 2 models x 6,000 configs (target
+  < 600 MB) and 5 models x 10,000 configs (target < 1 GB).
 
 Each case is timed twice per round: in process (`certify` + its text rendering, what the CLI
 does after its imports) and as the real CLI in a subprocess (interpreter start and imports
@@ -59,7 +61,7 @@ def config_table(path: Path, models: int, configs: int, benchmarks: int, seed: i
     df.to_csv(path, index=False, float_format="%.17g")
 
 
-def in_process(path: Path, samples: int) -> float:
+def in_process(path: Path, samples: int | None) -> float:
     from safetyrepro.certify import certify, to_text
 
     t0 = time.perf_counter()
@@ -68,26 +70,36 @@ def in_process(path: Path, samples: int) -> float:
     return time.perf_counter() - t0
 
 
-def via_cli(path: Path, samples: int) -> float:
-    exe = Path(sys.executable).with_name("safetyrepro")
-    cmd = [str(exe), "certify", str(path), "--bootstrap-samples", str(samples)] if exe.exists() else \
-        [sys.executable, "-m", "safetyrepro", "certify", str(path), "--bootstrap-samples", str(samples)]
+def _cli(path: Path, samples: int | None) -> list[str]:
+    extra = [] if samples is None else ["--samples", str(samples)]
+    return [sys.executable, "-m", "safetyrepro", "certify", str(path), *extra]
+
+
+def via_cli(path: Path, samples: int | None) -> float:
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    subprocess.run(_cli(path, samples), check=True, capture_output=True, text=True)
     return time.perf_counter() - t0
+
+
+def peak_mb(path: Path) -> float:
+    """Peak resident memory (MB) of the certify CLI on ``path``, measured in a wrapper process."""
+    code = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, capture_output=True); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code, *_cli(path, None)], check=True, capture_output=True, text=True)
+    return int(out.stdout.strip()) / 1024
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=1000)
+    ap.add_argument("--samples", type=int, default=None, help="resampling draws (default: certify's own choice)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     from safetyrepro.perf.report import publish
 
     load_start = [round(x, 2) for x in os.getloadavg()]
-    cases = {"item level: 3 models x 48 configs x 300 items, B=%d" % args.samples: ("item", 10.0),
+    cases = {"item level: 3 models x 48 configs x 300 items, samples=%s" % (args.samples or "default"): ("item", 10.0),
              "config level: 20 models x 360 configs x 4 benchmarks": ("config", 5.0)}
     record, rows = {}, []
     with tempfile.TemporaryDirectory() as tmp:
@@ -106,6 +118,14 @@ def main(argv=None) -> int:
                             "meets_target": med_cli < target}
             rows.append([name, f"{med_ip:.2f}", f"{med_cli:.2f}", f"< {target:g}",
                          "yes" if med_cli < target else "NO"])
+        for models, configs, target in ((2, 6000, 600.0), (5, 10000, 1024.0)):
+            path = Path(tmp) / f"mem_{models}x{configs}.csv"
+            config_table(path, models, configs, 1, 3)
+            mb = peak_mb(path)
+            name = f"memory, config level: {models} models x {configs} configs (peak MB)"
+            record[f"memory_{models}x{configs}"] = {"case": name, "peak_mb": mb, "target_mb": target,
+                                                   "meets_target": mb < target}
+            rows.append([name, "-", f"{mb:.0f} MB", f"< {target:g} MB", "yes" if mb < target else "NO"])
     load_end = [round(x, 2) for x in os.getloadavg()]
     publish("certify", ["case", "in process (s)", "CLI incl. start-up (s)", "target", "met"], rows,
             {"rounds": args.rounds, "samples": args.samples, "cases": record,

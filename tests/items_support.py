@@ -11,7 +11,7 @@ import yaml
 from safetyrepro.config import DATA_ENV, load_config
 from safetyrepro.paths import PROJECT_ROOT, resolve
 
-DATA_DIR = resolve(os.environ.get(DATA_ENV) or "../shared/data/benchmarks")
+DATA_DIR = resolve(os.environ.get(DATA_ENV) or "../shared/data/benchmarks", PROJECT_ROOT)
 ENVELOPE = PROJECT_ROOT / "config" / "envelope.yaml"
 
 
@@ -21,8 +21,9 @@ def write_config(tmp_path: Path, benchmarks: dict, data: dict | None = None,
            "benchmarks": benchmarks,
            "models": {"m": {"display_name": "m", "source": {"kind": "local", "path": "/none"}}},
            "runtime": {"results_dir": str(tmp_path / "results")}}
-    if data is not None:
-        cfg["data"] = data
+    # the shared benchmark data unless ``data`` says otherwise (the default data.local_dir is
+    # relative to the config's folder, a temp folder here)
+    cfg["data"] = {"local_dir": str(DATA_DIR), **(data or {})}
     path = tmp_path / name
     path.write_text(yaml.safe_dump(cfg))
     return path

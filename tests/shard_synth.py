@@ -18,13 +18,14 @@ from safetyrepro.plan import Plan
 from safetyrepro.shards import ShardMeta, write_shard
 from safetyrepro.tasks import load_task
 from workflow_support import DATA, ROOT
+from config_support import config_copy
 
 
 def synthetic_run(tmp: Path, n_items: int = 4, **over) -> Plan:
     """A plan for models m-nf4 and m-bf16 (configured as bf16) on TruthfulQA with the tiny
     envelope (2 seeds for the sampled decoding) and the precision check on; ``over``
     replaces top-level config sections. Item files are built under ``tmp/results``."""
-    cfg = yaml.safe_load((ROOT / "tests/configs/tiny.yaml").read_text())
+    cfg = config_copy(ROOT / "tests/configs/tiny.yaml")
     source = cfg["models"]["smol-nf4"]["source"]
     cfg["models"] = {m: {"display_name": m, "quantization": q, "source": source}
                      for m, q in (("m-nf4", "nf4"), ("m-bf16", "bf16"))}

@@ -50,10 +50,13 @@ def run(tmp_path_factory):
         ["analyze", "precision", cs, str(bf["cell_scores"]), "--out-dir", str(tables)],
         ["analyze", "nearest-reversal", cs, "--out-dir", str(tables),
          "--significance-configs", str(tables / "significance_configs.parquet")],
+        ["analyze", "scale-probe", cs, "--out-dir", str(tables), "--family", "alpha,beta",
+         "--significance-configs", str(tables / "significance_configs.parquet")],
         ["analyze", "cards", cs, "--provenance", str(prov), "--out-dir", str(cards),
          "--significance", str(tables / "significance.parquet"),
          "--nearest-reversal", str(tables / "nearest_reversal.parquet"),
-         "--precision", str(tables / "precision.parquet")],
+         "--precision", str(tables / "precision.parquet"),
+         "--scale-probe", str(tables / "scale_probe.parquet")],
         ["analyze", "figures", str(tables), "--out-dir", str(figs)],
         ["analyze", "report-md", str(tables), "--figures-dir", str(figs), "--out", str(root / "report.md")],
     ]
@@ -97,14 +100,15 @@ PRODUCER = {**dict.fromkeys(("table2", "table3", "table4", "parse_clean", "tau_r
             "precision_cells": "precision", "bbq_bias": "bbq_bias", "bbq_bias_summary": "bbq_bias",
             "significance": "significance", "significance_configs": "significance",
             "significance_benchmarks": "significance",
-            "bootstrap_items": "significance"}
+            "bootstrap_items": "significance", "scale_probe": "scale_probe", "scale_probe_pairs": "scale_probe"}
 EXPECTED_ROWS = {"table2": 15, "table3": 39, "table4": 5 * 5, "parse_clean": 5, "tau_r": 10, "bootstrap": 20,
                  "nearest_reversal": 15, "subsample_rho_flip": 5 * 4 * 5, "bbq_bias": 3 * 48, "bbq_bias_summary": 3,
                  "anova": 5, "shap": 5 * (5 + 3 * 4), "robustness": 15, "robustness_regression": 1,
                  "robustness_item_sd": 15, "robustness_item_sd_hist": 15 * 15,
                  "subsample_stability": 5, "subsample_cells": 3 * (4 * 48 + 12), "precision": 6,
                  "precision_cells": 3 * 18, "significance": 15, "significance_configs": 3 * (4 * 48 + 12),
-                 "significance_benchmarks": 5, "bootstrap_items": 20}
+                 "significance_benchmarks": 5, "bootstrap_items": 20,
+                 "scale_probe": 5, "scale_probe_pairs": 5}
 
 
 def test_every_table_written_stamped_and_sized(run):
@@ -164,6 +168,14 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     assert (t2b["max_rho_flip_null_p"] == sb.loc[t2b.index, "max_rho_flip_null_p"]).all()
     assert (sb["max_rho_flip"] == t2b.loc[sb.index, "max_rho_flip"]).all()
     assert (t4["max_rho_flip_null_q95"].dropna() <= 0.5).all() and t4["orderings_null_mean"].notna().any()
+    # every table that has rho_flip carries its noise reference
+    for name, col in (("table3", "rho_flip_null_p"), ("parse_clean", "max_rho_flip_null_p"),
+                      ("bootstrap", "rho_flip_null_p")):
+        t = pd.read_parquet(run["tables"] / f"{name}.parquet")
+        assert t[col].between(0, 1).all() and (t["noise_note"] == "").all(), name
+    bt = pd.read_parquet(run["tables"] / "bootstrap.parquet").set_index(["benchmark", "statistic"])
+    for b in sb.index:
+        assert bt.loc[(b, "max"), "rho_flip_null_p"] == sb.loc[b, "max_rho_flip_null_p"]
     sub = pd.read_parquet(run["tables"] / "subsample_stability.parquet").set_index("benchmark")
     # the all-items noise reference of the max rho_flip is the significance table's (same stream)
     assert (sub.loc[sb.index, "max_rho_flip_null_q95_all_items"] == sb["max_rho_flip_null_q95"]).all()
@@ -223,6 +235,14 @@ def test_figures_report_and_cards(run):
 
     assert all(c["nearest_reversal"]["reference_config"] == "T1-greedy-k0-freeform" for c in card["comparisons"])
     assert "## Nearest reversing configuration" in (run["cards"] / "alpha__bbq.md").read_text()
+    # the scale probe's line on each family member's card (alpha -> beta vs gamma), none on gamma's
+    from safetyrepro.analysis.scale_probe import probe_line
+
+    row = pd.read_parquet(run["tables"] / "scale_probe.parquet").set_index("benchmark").loc["bbq"]
+    line = probe_line({"benchmark": "bbq", **row.to_dict()})
+    assert card["scale_probe"] == [line] and json.loads((run["cards"] / "beta__bbq.json").read_text())["scale_probe"] == [line]
+    assert json.loads((run["cards"] / "gamma__bbq.json").read_text())["scale_probe"] is None
+    assert f"- {line}" in (run["cards"] / "alpha__bbq.md").read_text()
     # rho_flip is never called a "flip rate"; only the total-order change rate is named after the paper's term
     assert "flip rate" not in report.lower().replace('total-order "flip rate"', "")
 
@@ -250,3 +270,35 @@ def test_significance_tables_agree_with_table2_and_the_items(run):
     boot = pd.read_parquet(run["tables"] / "bootstrap_items.parquet")
     assert set(boot["resamples"]) == {"items"} and (boot["ci_low"] <= boot["ci_high"]).all()
     assert set(pd.read_parquet(run["tables"] / "bootstrap.parquet")["resamples"]) == {"configurations"}
+
+
+def test_scale_probe_agrees_with_the_metric_core_on_the_conservative_core(run):
+    """alpha -> beta as a family, gamma the third model: the probe's counts recomputed from the
+    cell scores and significance_configs directly; CrowS-Pairs has no conservative-core config."""
+    from safetyrepro.rules import load_rules
+
+    rules = load_rules()
+    cells = load_cell_scores(run["data"]["cell_scores"]).df
+    core = cells[[rules.in_sub_envelope("conservative_core", lv) for lv in cells[["template", "decoding", "shots",
+                                                                                  "scoring"]].to_dict("records")]]
+    probe = pd.read_parquet(run["tables"] / "scale_probe.parquet").set_index("benchmark")
+    pairs = pd.read_parquet(run["tables"] / "scale_probe_pairs.parquet").set_index("benchmark")
+    sig = pd.read_parquet(run["tables"] / "significance_configs.parquet")
+    assert probe.loc["crows_pairs", "n_configs"] == 0 and pairs.loc["crows_pairs", "n_configs"] == 0
+    expected_pairs = pairwise_table(core).set_index("benchmark")
+    for b in ("truthfulqa", "bbq", "toxigen", "xstest"):
+        w = core[core["benchmark"] == b].pivot(index="config", columns="model", values="score")
+        assert len(w) == 4 and probe.loc[b, "third"] == "gamma"
+        rev = ((w["alpha"] > w["gamma"]) & (w["beta"] < w["gamma"])) | ((w["alpha"] < w["gamma"]) & (w["beta"] > w["gamma"]))
+        assert probe.loc[b, "n_reversed"] == int(rev.sum())
+        assert probe.loc[b, "reversed_configs"] == ",".join(w.index[rev])
+        e = expected_pairs[(expected_pairs["model_a"] == "alpha") & (expected_pairs["model_b"] == "beta")].loc[b]
+        assert (pairs.loc[b, "n_plus"], pairs.loc[b, "n_minus"], pairs.loc[b, "rho_flip"]) == \
+            (e["n_plus"], e["n_minus"], e["rho_flip"])
+        s = sig[(sig["benchmark"] == b) & sig["config"].isin(w.index)].set_index(["model_a", "model_b", "config"])["ahead"]
+        def sig_sign(m, c):  # +1: m significantly ahead of gamma, -1: gamma significantly ahead
+            ahead = s[("alpha" if m == "alpha" else "beta", "gamma", c)]
+            return 1 if ahead == m else -1 if ahead == "gamma" else 0
+        srev = [c for c in w.index if sig_sign("alpha", c) * sig_sign("beta", c) < 0]
+        assert probe.loc[b, "n_reversed_sig"] == len(srev)
+    assert "## Scale probe" in (run["root"] / "report.md").read_text()

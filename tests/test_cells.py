@@ -19,6 +19,7 @@ from safetyrepro.models import load_model
 from safetyrepro.shards import SHARD_SCHEMA, read_shard
 from numerics import Trace, assert_sequences_agree, model_rel_tol
 from workflow_support import DATA, ROOT
+from config_support import config_copy
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ TIMING = {"latency_s"}  # the only row fields that may differ between identical 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("cells")
-    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = config_copy(ROOT / "config/config.yaml")
     cfg["benchmarks"] = {b: {"n_items": 2} for b in ("truthfulqa", "bbq", "toxigen", "crows_pairs", "xstest")}
     cfg["models"] = {"smol": dict(cfg["models"]["smollm2-135m"], quantization="fp32")}
     cfg["data"]["local_dir"] = str(DATA)

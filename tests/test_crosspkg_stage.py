@@ -259,10 +259,11 @@ def test_lmeval_loop_is_a_config_choice(tmp_path):
     from safetyrepro.config import load_config
     from safetyrepro.crosspkg.stage import LMEVAL_LOOPS
     from safetyrepro.errors import ConfigError
+    from config_support import config_copy
     from workflow_support import ROOT
 
     assert load_config(ROOT / "config/config.yaml").section("analysis")["cross_package_lmeval_loop"] == LMEVAL_LOOPS[0]
-    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = config_copy(ROOT / "config/config.yaml")
     cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
     cfg["analysis"]["cross_package_lmeval_loop"] = "fast"
     path = tmp_path / "c.yaml"

@@ -11,6 +11,7 @@ from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError
 from safetyrepro.models.load import require_device
 from workflow_support import ROOT, TINY, make_project_copy, snakemake
+from config_support import config_copy
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -20,7 +21,7 @@ def test_paper_config_says_it_needs_a_gpu():
 
 
 def test_require_device(tmp_path):
-    cfg = yaml.safe_load(TINY.read_text())
+    cfg = config_copy(TINY)
     cfg["runtime"]["device"] = "cuda"
     path = tmp_path / "cuda.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -8,28 +8,18 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 from transformers import AutoTokenizer
 
 from safetyrepro.hashing import text_hash
 from safetyrepro.models.chat import template_hash
-from workflow_support import DATA, ROOT
+from workflow_support import ROOT, smol_truthfulqa_config
 
 pytestmark = pytest.mark.slow  # loads a model (~1 min on 2 cores)
 
 
 
-def test_gpu_smoke_cpu_mode_writes_a_complete_record(tmp_path, default_cfg):
-    from safetyrepro.models import prepare_model
-
-    folder = prepare_model(default_cfg, "smollm2-135m", progress=False)
-    cfg = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-    cfg["models"] = {"smollm2-135m": cfg["models"]["smollm2-135m"]}
-    cfg["benchmarks"] = {"truthfulqa": {"n_items": 300}}
-    cfg["data"]["local_dir"] = str(DATA)
-    cfg["runtime"].update(resources_dir=str(ROOT / "resources"), results_dir=str(tmp_path / "results"))
-    path = tmp_path / "smoke.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+def test_gpu_smoke_cpu_mode_writes_a_complete_record(tmp_path):
+    folder, path = smol_truthfulqa_config(tmp_path)
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--config", str(path),
                         "--device", "cpu", "--quantization", "fp32", "--items", "2", "--batch-size", "2",
                         "--max-new-tokens", "3", "--oom-items", "1", "--profile-steps", "2",

@@ -147,19 +147,19 @@ def test_disk_full_keeps_the_earlier_file_and_no_temp(tiny_disk):
 def test_import_with_a_full_disk_keeps_the_earlier_table(tiny_disk):
     """The probe: `import ... --out x.parquet` on a full disk deleted an earlier good file.
     The import command's writer (crosspkg.cli._write) on an import result of 2,000 rows."""
-    from types import SimpleNamespace
-
     import pandas as pd
 
     from safetyrepro.crosspkg.cli import _write
+    from safetyrepro.crosspkg.importers import ImportResult, Run
 
     out = tiny_disk / "x.parquet"
     write_parquet(pa.table({"x": [1]}), out, {"k": "earlier"})
     before = out.read_bytes()
     table = pd.DataFrame({"model": [os.urandom(16).hex() for _ in range(2000)], "benchmark": "xstest",
                           "config": "c", "item": [str(i) for i in range(2000)], "score": 1.0})
+    run = Run(source="r.json", model="m", benchmark="xstest", settings={"task": "xstest"}, scores={}, metric="acc")
     with pytest.raises(WriteError, match="No space left on device"):
-        _write(SimpleNamespace(table=table, axes=[], constant={}), out)
+        _write(ImportResult(table=table, axes=[], runs=[run]), out)
     assert out.read_bytes() == before and [x.name for x in tiny_disk.iterdir()] == ["x.parquet"]
 
 

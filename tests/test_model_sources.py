@@ -25,13 +25,14 @@ from safetyrepro.errors import ConfigError, ModelError
 from safetyrepro.hashing import sha256_file
 from safetyrepro.models import load_model, prepare_model
 from workflow_support import ROOT
+from config_support import config_copy
 
 PAPER = ROOT / "config" / "paper.yaml"
 QWEN = "qwen2.5-7b"
 
 
 def _paper_copy(tmp_path: Path, **models_over) -> Path:
-    cfg = yaml.safe_load(PAPER.read_text())
+    cfg = config_copy(PAPER)
     cfg["runtime"].update(device="cpu", resources_dir=str(tmp_path / "resources"),
                           results_dir=str(tmp_path / "results"))
     for key, source in models_over.items():

@@ -22,6 +22,8 @@ from safetyrepro.models.chat import format_plain, stop_strings_for, stop_token_i
 from safetyrepro.models.prepare import MARKER, model_dir, read_marker
 from safetyrepro.paths import PROJECT_ROOT
 
+from config_support import absolute_paths
+
 pytestmark = pytest.mark.slow
 
 KEY = "smollm2-135m"
@@ -42,7 +44,7 @@ def smol(cfg) -> Path:
 def _variant_config(tmp_path: Path, cfg, *, resources: Path, model_over: dict | None = None,
                     key: str = KEY) -> Path:
     """A copy of config/config.yaml with its own resources dir and one model entry changed."""
-    raw = copy.deepcopy(cfg.raw)
+    raw = absolute_paths(copy.deepcopy(cfg.raw), cfg.folder)
     raw["runtime"] = {**raw.get("runtime", {}), "resources_dir": str(resources)}
     if model_over is not None:
         raw["models"][key] = model_over

@@ -9,11 +9,12 @@ import yaml
 from safetyrepro.config import load_config
 from safetyrepro.plan import SHARD_ROOTS, Plan
 from workflow_support import ROOT
+from config_support import config_copy
 
 
 def _plan(tmp_path, models: dict[str, str], precision_check=True, seeds=None, cross_package=False,
           nominal=None) -> Plan:
-    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = config_copy(ROOT / "config/config.yaml")
     source = next(iter(cfg["models"].values()))["source"]
     cfg["models"] = {m: {"display_name": m, "quantization": q, "source": source} for m, q in models.items()}
     cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")

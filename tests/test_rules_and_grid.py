@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from conftest import run_cli
+from config_support import config_copy
 from safetyrepro import grid
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError
@@ -125,6 +126,18 @@ def test_bad_rules_name_file_and_field(tmp_path, project_root, mutate, field):
     (lambda c: c["envelope"].update(name="tiny"), "envelope.name"),
     (lambda c: c.pop("models"), "(top level)"),
     (lambda c: c["analysis"].update(alpha=1.0), "analysis.alpha"),
+    # the scale probe's families: [small, large] pairs of distinct configured models with a third model
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m"]]}), "analysis.scale_probe.families.0"),
+    (lambda c: c["analysis"].update(scale_probe={"families": []}), "analysis.scale_probe.families"),
+    (lambda c: c["analysis"].update(scale_probe={"family": [["smollm2-135m", "qwen2.5-0.5b"]]}), "analysis.scale_probe"),
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m", "nope"]]}),
+     "analysis.scale_probe.families.0"),
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m", "smollm2-135m"]]}),
+     "analysis.scale_probe.families.0"),
+    (lambda c: c["analysis"].update(scale_probe={"families": [["smollm2-135m", "qwen2.5-0.5b"]] * 2}),
+     "analysis.scale_probe.families.1"),
+    (lambda c: (c["models"].pop("gemma3-270m"), c["analysis"].update(
+        scale_probe={"families": [["smollm2-135m", "qwen2.5-0.5b"]]})), "analysis.scale_probe.families.0"),
     # model keys name folders (shards/<key>/...): "." and ".." would escape shards/
     (lambda c: c["models"].update({"..": c["models"]["smollm2-135m"]}), "models"),
     (lambda c: c["models"].update({".": c["models"]["smollm2-135m"]}), "models"),
@@ -135,7 +148,7 @@ def test_bad_rules_name_file_and_field(tmp_path, project_root, mutate, field):
      "models.smollm2-135m.source.gguf_name"),
 ])
 def test_bad_config_names_file_and_field(tmp_path, project_root, mutate, field):
-    content = yaml.safe_load((project_root / "config/config.yaml").read_text())
+    content = config_copy(project_root / "config/config.yaml")
     mutate(content)
     p = tmp_path / "config.yaml"
     p.write_text(yaml.safe_dump(content))
@@ -154,7 +167,7 @@ def test_bad_config_cli_exit_2(tmp_path):
 
 
 def test_analysis_alpha_default(tmp_path, project_root):
-    content = yaml.safe_load((project_root / "config/config.yaml").read_text())
+    content = config_copy(project_root / "config/config.yaml")
     content["analysis"].pop("alpha")
     p = tmp_path / "config.yaml"
     p.write_text(yaml.safe_dump(content))

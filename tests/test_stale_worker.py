@@ -20,7 +20,7 @@ def _live_worker(project, config, results, cell):
     its call, with the config, rules and tasks of that moment loaded."""
     out = results / "scratch" / f"{cell}.parquet"
     r = cli(project, "run-cell", "--worker", "--config", str(config), "--model", "smol-fp32",
-            "--benchmark", "xstest", "--cell", cell, "--out", str(out))
+            "--benchmark", "xstest", "--config-id", cell, "--out", str(out))
     assert r.returncode == 0, r.stderr
     evs = read_events(default_state_dir(results) / "events.jsonl")[0]
     pid = [e for e in evs if e["event"] == "call"][-1]["pid"]

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from config_support import config_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -26,7 +28,7 @@ def test_snakefmt_clean():
 def test_default_dry_run_plans_every_cell(tmp_path):
     import yaml
 
-    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = config_copy(ROOT / "config/config.yaml")
     cfg["runtime"]["results_dir"] = str(tmp_path / "results")  # empty: everything is planned
     cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
     path = tmp_path / "config.yaml"
@@ -66,7 +68,7 @@ def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
     together (models in config order, a model's main cells just above its bf16 cells)."""
     import yaml
 
-    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = config_copy(ROOT / "config/config.yaml")
     cfg["runtime"]["results_dir"] = str(tmp_path / "results")
     cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
     path = tmp_path / "config.yaml"
@@ -103,7 +105,7 @@ def test_analysis_rules_declare_what_their_step_writes(tmp_path):
     from safetyrepro.config import load_config
     from safetyrepro.plan import Plan
 
-    cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
+    cfg = config_copy(ROOT / "config/config.yaml")
     results = tmp_path / "results"
     cfg["runtime"]["results_dir"] = str(results)
     cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")

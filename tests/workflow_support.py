@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from config_support import config_copy
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = (ROOT.parent / "shared" / "data" / "benchmarks").resolve()
 TINY = ROOT / "tests" / "configs" / "tiny.yaml"
@@ -93,3 +95,21 @@ def cli(project: Path, *args: str, timeout: int = 600):
     """`python -m safetyrepro ...` with the copy's package (what its jobs run)."""
     return subprocess.run([sys.executable, "-m", "safetyrepro", *args], env=env_for(project), cwd=project,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def smol_truthfulqa_config(tmp_path: Path) -> tuple[Path, Path]:
+    """The embedded SmolLM2 prepared, and a copy of the default config with it as the only
+    model and TruthfulQA (300 items) as the only benchmark (the GPU scripts' CPU modes).
+    Returns (the model folder, the config path)."""
+    from safetyrepro.config import load_config
+    from safetyrepro.models import prepare_model
+
+    folder = prepare_model(load_config(ROOT / "config" / "config.yaml"), "smollm2-135m", progress=False)
+    cfg = config_copy(ROOT / "config" / "config.yaml")
+    cfg["models"] = {"smollm2-135m": cfg["models"]["smollm2-135m"]}
+    cfg["benchmarks"] = {"truthfulqa": {"n_items": 300}}
+    cfg["data"]["local_dir"] = str(DATA)
+    cfg["runtime"].update(resources_dir=str(ROOT / "resources"), results_dir=str(tmp_path / "results"))
+    path = tmp_path / "smol_truthfulqa.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return Path(folder), path

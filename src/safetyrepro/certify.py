@@ -27,6 +27,8 @@ CONFIG is strictly reversed and, with item-level input, significantly reversed.
 from __future__ import annotations
 
 import json
+import sys
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,8 +41,23 @@ from .metrics.compare import TieRule, tie_rule
 from .metrics.itemgrid import MAX_ABS_SCORE
 from .metrics.significance import headline_sentence
 
+
+class _CallableModule(types.ModuleType):
+    """``safetyrepro.certify`` names this module (importing a submodule binds its name on the
+    package), so the module itself is the API call: ``safetyrepro.certify(df, ...)``."""
+
+    def __call__(self, table, **options):
+        from .api import certify as api_certify
+
+        return api_certify(table, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+
 REQUIRED = ("model", "benchmark", "score")
 ITEM = "item"
+DATAFRAME = "<DataFrame>"   # how errors and the result's ``source`` name an in-memory table
 NEEDS_ITEMS = ("the noise references (rho_flip_null_*), significance (N+_sig, N-_sig, rho_flip_sig, the "
                "crossover decision), power and the item-bootstrap spread of rho_flip need item-level input: "
                "a long table with an 'item' column (model, benchmark, config, item, score)")
@@ -59,15 +76,6 @@ class CertifyResult:
     reversal: pd.DataFrame | None = None   # nearest reversing configuration (with --nominal)
     nominal: str | None = None
     warnings: list = field(default_factory=list)   # e.g. a resampling that cannot reach alpha
-
-
-# Scores must be finite with |score| <= MAX_ABS_SCORE (the item grid's bound: no rate is near
-# it), checked here so every table, config-level too, is refused before any statistic runs.
-
-
-def _rows(df: pd.DataFrame, mask) -> list[int]:
-    """Row numbers (the header counting as 1) of the first ten rows where ``mask`` holds."""
-    return (df.index[mask] + 2).tolist()[:10]
 
 
 def _check_csv_shape(path: Path) -> None:
@@ -100,7 +108,7 @@ def _check_csv_shape(path: Path) -> None:
         raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
-def _as_text(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
+def _as_text(df: pd.DataFrame, col: str, path, first: int, rows_are: str) -> pd.Series:
     """A key or axis column as text: numbers and booleans as written, bytes decoded as
     UTF-8; anything else (lists, maps, undecodable bytes) refused naming the row."""
     kind = pd.api.types.infer_dtype(df[col], skipna=False)
@@ -112,11 +120,11 @@ def _as_text(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
             try:
                 v = bytes(v).decode("utf-8")
             except UnicodeDecodeError:
-                raise DataError(path, f"column '{col}' holds bytes that are not UTF-8 text "
-                                      "(row numbers count the header as 1)", row=i + 2) from None
+                raise DataError(path, f"column '{col}' holds bytes that are not UTF-8 text ({rows_are})",
+                                row=i + first) from None
         elif not isinstance(v, (str, int, float, bool, np.generic)):
-            raise DataError(path, f"column '{col}' holds a {type(v).__name__}, not a name "
-                                  "(row numbers count the header as 1)", row=i + 2)
+            raise DataError(path, f"column '{col}' holds a {type(v).__name__}, not a name ({rows_are})",
+                            row=i + first)
         out.append(str(v))
     return pd.Series(out, index=df.index, dtype=object)
 
@@ -131,23 +139,28 @@ def _as_score(v) -> float:
         return float("nan")
 
 
+def _check_config_cols(config_cols, path) -> None:
+    cols = list(config_cols)
+    if not cols or any(not str(c).strip() for c in cols):
+        raise DataError(path, f"--config-cols: empty column name in {cols}")
+    twice = sorted({c for c in cols if cols.count(c) > 1})
+    if twice:
+        raise DataError(path, f"--config-cols names {twice} more than once")
+    reserved = [c for c in cols if c in REQUIRED + (ITEM,)]
+    if reserved:
+        raise DataError(path, f"--config-cols: {reserved} cannot be axis columns (model, benchmark, item "
+                              "and score are the table's keys and values)")
+
+
 def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> pd.DataFrame:
+    """Read a CSV or Parquet score table and validate it (:func:`validate_score_table`)."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, "file not found")
     if not path.is_file():
         raise DataError(path, "not a file")
     if config_cols is not None:
-        cols = list(config_cols)
-        if not cols or any(not str(c).strip() for c in cols):
-            raise DataError(path, f"--config-cols: empty column name in {cols}")
-        twice = sorted({c for c in cols if cols.count(c) > 1})
-        if twice:
-            raise DataError(path, f"--config-cols names {twice} more than once")
-        reserved = [c for c in cols if c in REQUIRED + (ITEM,)]
-        if reserved:
-            raise DataError(path, f"--config-cols: {reserved} cannot be axis columns (model, benchmark, item "
-                                  "and score are the table's keys and values)")
+        _check_config_cols(config_cols, path)
     parquet = path.suffix.lower() in {".parquet", ".pq"}
     if not parquet:
         _check_csv_shape(path)
@@ -160,10 +173,29 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
             df = pd.read_csv(path, encoding="utf-8-sig", float_precision="round_trip", index_col=False)
     except Exception as exc:
         raise DataError(path, f"cannot read as {'Parquet' if parquet else 'CSV'}: {exc}") from exc
+    return validate_score_table(df, path, config_cols, csv_rows=True)
+
+
+def validate_score_table(df: pd.DataFrame, path: str | Path, config_cols: list[str] | None = None,
+                         csv_rows: bool = False) -> pd.DataFrame:
+    """Check a long score table (``path`` names it in errors) and return the columns certify
+    uses, keys as strings and scores as floats. Errors give row numbers as a file's lines
+    (header = 1) with ``csv_rows``, else as positions in ``df`` (first row = 0). Scores must
+    be finite with |score| <= MAX_ABS_SCORE (the item grid's bound), for config-level tables
+    too, so a bad value is refused before any statistic runs."""
+    if not isinstance(df, pd.DataFrame):
+        raise DataError(path, f"expected a pandas DataFrame or a file path, got {type(df).__name__}")
+    if config_cols is not None:
+        _check_config_cols(config_cols, path)
     twice = sorted({str(c) for c in df.columns if list(df.columns).count(c) > 1})
     if twice:
         raise DataError(path, f"column(s) {twice} appear more than once")
     df = df.reset_index(drop=True)
+    first, rows_are = (2, "row numbers count the header as 1") if csv_rows else (0, "row positions, first = 0")
+
+    def rows(mask) -> list[int]:
+        return (df.index[mask] + first).tolist()[:10]
+
     need = list(REQUIRED) + (list(config_cols) if config_cols else ["config"])
     missing = [c for c in need if c not in df.columns]
     if missing:
@@ -173,26 +205,24 @@ def read_score_table(path: str | Path, config_cols: list[str] | None = None) -> 
         df = df.copy()
         for col in config_cols:
             if df[col].isna().any():
-                raise DataError(path, f"empty axis column '{col}' in row(s) {_rows(df, df[col].isna())} "
-                                      "(row numbers count the header as 1)")
-            df[col] = _as_text(df, col, path)
+                raise DataError(path, f"empty axis column '{col}' in row(s) {rows(df[col].isna())} ({rows_are})")
+            df[col] = _as_text(df, col, path, first, rows_are)
         df["config"] = df[list(config_cols)].agg("-".join, axis=1)
     keys = ["model", "benchmark", "config"] + ([ITEM] if ITEM in df.columns else [])
     axes = [c for c in (config_cols or []) if c not in keys + ["score"]]
     df = df[keys + ["score"] + axes].copy()
     for col in keys:
         if df[col].isna().any():
-            raise DataError(path, f"empty '{col}' in row(s) {_rows(df, df[col].isna())} "
-                                  "(row numbers count the header as 1)")
-        df[col] = _as_text(df, col, path)
+            raise DataError(path, f"empty '{col}' in row(s) {rows(df[col].isna())} ({rows_are})")
+        df[col] = _as_text(df, col, path, first, rows_are)
     num = df["score"].map(_as_score).astype(float)
     bad = ~np.isfinite(num)
     if bad.any():
         vals = [repr(v) if isinstance(v, (bytes, bytearray)) else str(v) for v in df.loc[bad, "score"].tolist()[:10]]
-        raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {_rows(df, bad)}: {vals}")
+        raise DataError(path, f"non-numeric, NaN or infinite score in row(s) {rows(bad)}: {vals}")
     big = num.abs() > MAX_ABS_SCORE
     if big.any():
-        raise DataError(path, f"score out of range (|score| <= {MAX_ABS_SCORE:g}) in row(s) {_rows(df, big)}: "
+        raise DataError(path, f"score out of range (|score| <= {MAX_ABS_SCORE:g}) in row(s) {rows(big)}: "
                               f"{num[big].tolist()[:10]}")
     df["score"] = num
     dup = df.duplicated(keys, keep=False)
@@ -262,10 +292,11 @@ def _reversal(df: pd.DataFrame, cell_df: pd.DataFrame, nominal: str, axes: list[
                                   nominal_levels=nominal_levels(df, nominal, axes, path))
 
 
-def certify(path: str | Path, config_cols: list[str] | None = None, drop_incomplete: bool = False,
+def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = None, drop_incomplete: bool = False,
             tol: float | None = None, *, alpha: float = 0.05, samples: int | None = None, seed: int = 0,
             nominal: str | None = None, family: str = "pair", correction: str = "maxt") -> CertifyResult:
-    """Verdict metrics of an external table (see the module doc for the two levels). Without
+    """Verdict metrics of an external table: a CSV/Parquet path or a DataFrame with the same
+    columns (named ``<DataFrame>`` in errors; see the module doc for the two levels). Without
     ``tol``, float scores equal within 1e-12 relative tie (exact fractions recovered from
     item-level 0/1 or k/q scores compare exactly); ``tol > 0``: |difference| <= tol ties, for
     every quantity (sign counts, orderings, tau_R, significance). ``samples=None`` picks the
@@ -273,6 +304,9 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
     table) and ``correction`` (maxt | holm) set the multiplicity family and its correction."""
     from .metrics.significance import Settings
 
+    table = path if isinstance(path, pd.DataFrame) else None
+    if table is not None:
+        path = DATAFRAME
     settings = Settings(alpha, samples, seed, tol, family, correction)
     try:
         settings.check()
@@ -283,7 +317,7 @@ def certify(path: str | Path, config_cols: list[str] | None = None, drop_incompl
     if nominal is not None and not config_cols:
         raise DataError(path, "--nominal needs axis columns (--config-cols template,decoding,shots,scoring): "
                               "the distance to a reversing config counts axis changes")
-    df = read_score_table(path, config_cols)
+    df = read_score_table(path, config_cols) if table is None else validate_score_table(table, path, config_cols)
     item_level = ITEM in df.columns
     cells = df.drop_duplicates(["model", "benchmark", "config"]) if item_level else df
     missing = incomplete_cells(cells)

@@ -17,6 +17,22 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SafetyRepro: how often does 'model A is safer than model B' flip across harness choices?")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .provenance import code_version_string
+
+        typer.echo(f"safetyrepro {code_version_string()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="print the version (package+commit.source hash) and exit"),
+):
+    """SafetyRepro: how often does 'model A is safer than model B' flip across harness choices?"""
+
+
 @app.command()
 def grid(
     config: Path = typer.Option(..., "--config", help="run config YAML"),
@@ -122,10 +138,10 @@ def _terminal_safe_result(res):
 
 @app.command("run-cell")
 def run_cell(
-    config: Path = typer.Option(..., "--config"),
+    config: Path = typer.Option(..., "--config", help="run config YAML"),
     model: str = typer.Option(..., "--model"),
     benchmark: str = typer.Option(..., "--benchmark"),
-    cell: str = typer.Option(..., "--cell", help="config id, e.g. T2-t0.3-k3-freeform"),
+    cell: str = typer.Option(..., "--config-id", help="envelope point, e.g. T2-t0.3-k3-freeform"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(..., "--out", help="shard path (.parquet), written atomically"),
     variant: str = typer.Option("main", "--variant",
@@ -134,6 +150,10 @@ def run_cell(
                                 help="run inside the persistent per-model worker (started if needed)"),
 ):
     """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
+    if not config.is_file():
+        from .errors import ConfigError
+
+        raise ConfigError(config, None, "file not found")
     kwargs = dict(config=str(config.resolve()), model=model, benchmark=benchmark, cell=cell, seed=seed,
                   out=str(out.resolve()), variant=variant)
     if worker:
@@ -149,7 +169,7 @@ def run_cell(
 
 @app.command()
 def aggregate(
-    config: Path = typer.Option(..., "--config"),
+    config: Path = typer.Option(..., "--config", help="run config YAML"),
     variant: str = typer.Option("main", "--variant", help="main, or bf16 for the precision check"),
     out_dir: Path = typer.Option(..., "--out-dir"),
 ):
@@ -194,25 +214,48 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
+def command():
+    """The click command of :data:`app`, with every boolean flag shown as a bare flag in the
+    help (typer 0.29 prints ``--json <bool>`` for flags that take no value)."""
+    cmd = typer.main.get_command(app)
+    _bare_flags(cmd, typer.Context(cmd))
+    return cmd
+
+
+def _bare_flags(cmd, ctx) -> None:
+    for param in [*cmd.params, cmd.get_help_option(ctx)]:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for name, sub in getattr(cmd, "commands", {}).items():
+        _bare_flags(sub, typer.Context(sub, parent=ctx, info_name=name))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The one error boundary: a usage error (missing option, unknown command, bad value) and
+    a SafetyReproError (bad input) print one line on stderr and exit 2."""
+    from typer._click.exceptions import NoArgsIsHelpError
+
     try:
-        app(args=argv, standalone_mode=False)
+        rc = command().main(args=argv, prog_name="safetyrepro", standalone_mode=False)
     except SafetyReproError as exc:
         typer.echo(f"error: {exc}", err=True)
         return 2
-    except typer.Exit as exc:  # --help and friends
+    except NoArgsIsHelpError as exc:  # a bare group: its help
+        exc.show()
+        return 2
+    except typer.TyperException as exc:  # usage errors (typer bundles its own click)
+        ctx = getattr(exc, "ctx", None)
+        where = f"{ctx.command_path}: " if ctx is not None else ""
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"error: {where}{message}{hint}", err=True)
+        return 2
+    except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
         typer.echo("aborted", err=True)
         return 1
-    except Exception as exc:
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            return 2
-        raise
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The run config (``config/config.yaml``, ``config/paper.yaml``): load, validate, resolve.
 
-Relative paths in a config are resolved against the project root (the folder holding
-``config/``), so `snakemake` and the CLI agree whatever the working directory."""
+Relative paths in a config (``envelope.rules``, ``data.local_dir``, ``runtime.resources_dir``,
+``runtime.results_dir``, a local model's ``source.path``) are resolved against the folder of
+the config file, so `snakemake`, the CLI and an installed package agree whatever the working
+directory."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .hashing import canonical_hash
-from .paths import PROJECT_ROOT, resolve
+from .paths import resolve
 from .rules import Rules, load_rules
 from .schema import load_yaml, validate
 
@@ -52,6 +54,16 @@ class RunConfig:
     raw: dict = field(repr=False)          # as written in the file (validated)
     data: dict = field(repr=False)         # with defaults filled in
     rules: Rules = field(repr=False)
+
+    @property
+    def folder(self) -> Path:
+        """The config file's folder: what relative paths in the config are relative to."""
+        return config_folder(self.path)
+
+    def resolve(self, path: str | os.PathLike) -> Path:
+        """A path from the config, relative ones taken from the config file's folder
+        (normalized: ``../results`` from ``<project>/config`` is ``<project>/results``)."""
+        return Path(os.path.normpath(resolve(path, self.folder)))
 
     # ---- identity -----------------------------------------------------------------------
     @property
@@ -99,15 +111,15 @@ class RunConfig:
     @property
     def data_dir(self) -> Path:
         env = os.environ.get(DATA_ENV)
-        return resolve(env) if env else resolve(self.data["data"]["local_dir"])
+        return resolve(env) if env else self.resolve(self.data["data"]["local_dir"])
 
     @property
     def results_dir(self) -> Path:
-        return resolve(self.data["runtime"]["results_dir"])
+        return self.resolve(self.data["runtime"]["results_dir"])
 
     @property
     def resources_dir(self) -> Path:
-        return resolve(self.data["runtime"]["resources_dir"])
+        return self.resolve(self.data["runtime"]["resources_dir"])
 
     def max_new_tokens(self, benchmark: str, template: str) -> int:
         mnt = self.data["generation"]["max_new_tokens"]
@@ -123,11 +135,15 @@ class RunConfig:
         return self.data.get(name, {})
 
 
+def config_folder(path: str | os.PathLike) -> Path:
+    """The absolute folder of a config file (symbolic links not followed)."""
+    return Path(os.path.normpath(Path(path).absolute())).parent
+
+
 def load_config(path: str | os.PathLike) -> RunConfig:
-    """Load and validate a run config; ConfigError names the file and field at fault."""
+    """Load and validate a run config (a relative ``path`` from the working directory);
+    ConfigError names the file and field at fault."""
     path = Path(path)
-    if not path.is_absolute() and not path.exists():
-        path = PROJECT_ROOT / path
     return config_from_dict(load_yaml(path), path)
 
 
@@ -137,7 +153,7 @@ def config_from_dict(raw: Any, path: str | os.PathLike) -> RunConfig:
         raise ConfigError(path, None, "expected a mapping at the top level")
     validate(raw, "config", path)
     data = _merge(DEFAULTS, raw)
-    rules = load_rules(resolve(data["envelope"]["rules"]))
+    rules = load_rules(os.path.normpath(resolve(data["envelope"]["rules"], config_folder(path))))
     cfg = RunConfig(path=str(path), raw=raw, data=data, rules=rules)
     _check_against_rules(cfg)
     return cfg
@@ -158,3 +174,23 @@ def _check_against_rules(cfg: RunConfig) -> None:
     missing = [t for t in templates if t not in mnt]
     if missing:
         raise ConfigError(cfg.path, "generation.max_new_tokens", f"missing templates {missing}")
+    _check_scale_probe(cfg)
+
+
+def _check_scale_probe(cfg: RunConfig) -> None:
+    """``analysis.scale_probe.families``: (small, large) pairs of distinct configured models,
+    each family leaving at least one third model to compare against (docs/VERDICTS.md)."""
+    families = (cfg.data["analysis"].get("scale_probe") or {}).get("families", [])
+    seen = set()
+    for i, fam in enumerate(families):
+        field_ = f"analysis.scale_probe.families.{i}"
+        unknown = [m for m in fam if m not in cfg.data["models"]]
+        if unknown:
+            raise ConfigError(cfg.path, field_, f"{unknown} not among the configured models {cfg.models}")
+        if fam[0] == fam[1]:
+            raise ConfigError(cfg.path, field_, f"small and large are the same model {fam[0]!r}")
+        if tuple(fam) in seen:
+            raise ConfigError(cfg.path, field_, "family given twice")
+        seen.add(tuple(fam))
+        if not set(cfg.models) - set(fam):
+            raise ConfigError(cfg.path, field_, "no third model to compare the family against")

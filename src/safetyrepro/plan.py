@@ -175,17 +175,24 @@ class Plan:
             return False
         return any(self.cfg.quantization(m) != "bf16" for m in self.cfg.models)
 
+    @property
+    def scale_probe_families(self) -> list[list[str]]:
+        """The (small, large) model families of ``analysis.scale_probe`` ([] when not declared)."""
+        return [list(f) for f in (self.cfg.section("analysis").get("scale_probe") or {}).get("families", [])]
+
     def quantization(self, model: str, variant: str = "main") -> str:
         return "bf16" if variant == "bf16" else self.cfg.quantization(model)
 
     @property
     def analysis_steps(self) -> list[str]:
         """The analysis table steps this run computes (:data:`.analysis.outputs.TABLE_STEPS`):
-        BBQ's bias scores only when the run has BBQ, the precision check only when it is on."""
+        BBQ's bias scores only when the run has BBQ, the precision check only when it is on, the
+        scale probe only when the config declares ``analysis.scale_probe``."""
         from .analysis.outputs import TABLE_STEPS
 
         skip = {"bbq-bias"} if "bbq" not in self.cfg.benchmarks else set()
         skip |= set() if self.precision_check else {"precision"}
+        skip |= set() if self.scale_probe_families else {"scale-probe"}
         return [s for s in TABLE_STEPS if s not in skip]
 
     # ---- model workers --------------------------------------------------------------------
@@ -278,9 +285,8 @@ class Plan:
             else:
                 from .errors import SafetyReproError
                 from .models.prepare import record_local
-                from .paths import resolve
 
-                folder = resolve(source["path"])
+                folder = self.cfg.resolve(source["path"])
                 try:
                     rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
                     self._weights[model] = rec["weights_hash"]

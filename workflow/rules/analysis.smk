@@ -194,6 +194,7 @@ rule cards:
             if PLAN.precision_check
             else []
         ),
+        scale_probe=SCALE_PROBE_TABLES,
     output:
         # every card (one per model and benchmark) and the index, as the package names them
         cards=[p for k, p in card_outputs().items() if k != "index"],
@@ -217,7 +218,35 @@ rule cards:
         precision=lambda w, input: (
             f"--precision {shlex.quote(input.precision[0])}" if input.precision else ""
         ),
+        scale_probe=lambda w, input: (
+            f"--scale-probe {shlex.quote(input.scale_probe[0])}"
+            if input.scale_probe
+            else ""
+        ),
     shell:
         '"$PY" -m safetyrepro analyze cards {input.cells:q} --provenance {input.provenance:q}'
         " --significance {input.significance:q} --nearest-reversal {input.nearest_reversal:q}"
-        " {params.cross_package} {params.precision} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+        " {params.cross_package} {params.precision} {params.scale_probe} --out-dir {params.out_dir:q} > {log:q} 2>&1"
+
+
+rule scale_probe:
+    input:
+        cells=f"{TABLES}/cell_scores.parquet",
+        significance_configs=f"{TABLES}/significance_configs.parquet",
+    output:
+        **table_outputs("scale-probe"),
+    log:
+        f"{RESULTS}/logs/scale_probe.log",
+    conda:
+        ENV
+    params:
+        code=PLAN.code_fingerprint("safetyrepro.analysis.scale_probe"),
+        out_dir=lambda w, output: os.path.dirname(output[0]),
+        families=" ".join(
+            f"--family {shlex.quote(','.join(f))}" for f in PLAN.scale_probe_families
+        ),
+        rules=RUN.rules.path,
+    shell:
+        '"$PY" -m safetyrepro analyze scale-probe {input.cells:q} --out-dir {params.out_dir:q}'
+        " {params.families} --significance-configs {input.significance_configs:q}"
+        " --rules {params.rules:q} > {log:q} 2>&1"

@@ -1,4 +1,4 @@
-# Shared set-up: validate the config against config/schema, build the plan, and define the
+# Shared set-up: validate the config against the package schema (src/safetyrepro/data/schema), build the plan, and define the
 # input functions and wildcard constraints every other rule file uses.
 import os
 import re
@@ -56,7 +56,14 @@ def rel(path):
 
 RESULTS = rel(PLAN.results)
 CONFIG = rel(CONFIG_PATH)
-ENV = "../../envs/safetyrepro.yaml"  # for --software-deployment-method conda
+# Each rule's `conda:` names the software it runs (envs/safetyrepro.yaml) for the linter; jobs
+# run in this interpreter's environment, so a conda deployment would install an unused copy.
+ENV = "../../envs/safetyrepro.yaml"
+if any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method):
+    sys.exit(
+        "error: --software-deployment-method conda is not supported: every job runs the "
+        "interpreter that runs Snakemake; install the project into it (make install)"
+    )
 
 # Every job runs the package in this interpreter's environment ("$PY" -m safetyrepro ...).
 # Every path and value a rule's shell command interpolates is shell-quoted ({x:q}), so a
@@ -110,6 +117,7 @@ REPORT_CATEGORY = {
     "subsample": "Robustness",
     "bbq-bias": "Robustness",
     "precision": "Robustness",
+    "scale-probe": "Robustness",
 }
 
 
@@ -173,6 +181,10 @@ CROSS_PACKAGE_OUTPUTS = {
     for k, p in analysis_outputs.cross_package_outputs(TABLES, FIGURES_DIR).items()
 }
 CROSS_PACKAGE_TABLES = [CROSS_PACKAGE_OUTPUTS["table"]] if CROSS_PACKAGE else []
+# the scale probe's table, for the cards, when the config declares analysis.scale_probe
+SCALE_PROBE_TABLES = (
+    [f"{TABLES}/scale_probe.parquet"] if "scale-probe" in PLAN.analysis_steps else []
+)
 
 
 def cell_variant(wildcards):

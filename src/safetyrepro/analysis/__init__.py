@@ -12,6 +12,7 @@ atomically):
 * :func:`safetyrepro.analysis.subsample.write_subsample_stability`
 * :func:`safetyrepro.analysis.bbq_bias.write_bbq_bias`
 * :func:`safetyrepro.analysis.precision.write_precision_check`
+* :func:`safetyrepro.analysis.scale_probe.write_scale_probe`
 * :func:`safetyrepro.analysis.cards.write_cards`
 * :func:`safetyrepro.analysis.figures.write_figures`
 * :func:`safetyrepro.analysis.report_md.write_report_md`

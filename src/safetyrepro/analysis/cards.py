@@ -310,6 +310,9 @@ def card_markdown(card: dict) -> str:
             lead = r["leader_at_reference"]
             lines.append(f"- vs {other}: {'tied' if lead == 'tie' else lead + ' ahead'} at {ref}; "
                          f"strict reversal: {r['strict']}; significant reversal: {r['significant']}")
+    if card.get("scale_probe"):
+        lines += ["", "## Scale probe (a larger sibling in place of a model)", ""]
+        lines += [f"- {line}" for line in card["scale_probe"]]
     return "\n".join(lines) + "\n"
 
 
@@ -343,6 +346,15 @@ def precision_entry(summary: pd.DataFrame, cells: pd.DataFrame, model: str, benc
             "quantization_main": str(row["quantization_main"])}
 
 
+def scale_probe_entry(sp: pd.DataFrame, model: str, benchmark: str) -> list[str] | None:
+    """The card's scale-probe lines: the rows of the ``scale_probe`` table where this model is
+    a family's small or large member (:func:`.scale_probe.probe_line`)."""
+    from .scale_probe import probe_line
+
+    sub = sp[(sp["benchmark"] == benchmark) & ((sp["small"] == model) | (sp["large"] == model))]
+    return [probe_line(r) for r in sub.to_dict("records")] or None
+
+
 def build_cards(cells: pd.DataFrame, provenance: Mapping | str | Path, meta: dict,
                 significance: pd.DataFrame | None = None, reversal: pd.DataFrame | None = None) -> list[dict]:
     prov = load_provenance(provenance)
@@ -359,7 +371,8 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
                 out_dir: str | Path, significance_path: str | Path | None = None,
                 reversal_path: str | Path | None = None,
                 cross_package_path: str | Path | None = None,
-                precision_path: str | Path | None = None) -> dict[str, Path]:
+                precision_path: str | Path | None = None,
+                scale_probe_path: str | Path | None = None) -> dict[str, Path]:
     """``<out_dir>/<model>__<benchmark>.json`` and ``.md`` per card plus ``index.json``.
     ``significance_path``: the ``significance`` table; ``reversal_path``: the
     ``nearest_reversal`` table; ``precision_path``: the ``precision`` table, its
@@ -388,6 +401,11 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
         for p, (_, pmeta) in zip((Path(precision_path), cells_path), prec):
             check_same_rules((cs.path, cs.meta), (p, pmeta))
             sources.append((p, pmeta))
+    sp = None
+    if scale_probe_path is not None:
+        sp, pmeta = read_table(scale_probe_path)
+        check_same_rules((cs.path, cs.meta), (Path(scale_probe_path), pmeta))
+        sources.append((Path(scale_probe_path), pmeta))
     cards = build_cards(cs.df, provenance, cs.meta, sig, rev)  # everything computed before anything is written
     # any source written by other code than the current (cell scores, significance, nearest reversal)
     stale = "; ".join(n for n in (source_stale_note(p, m) for p, m in sources) if n) or None
@@ -397,6 +415,8 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
             card["cross_package"] = cross_package_entry(xp, card["model"], card["benchmark"])
         if prec is not None:
             card["precision_check"] = precision_entry(prec[0][0], prec[1][0], card["model"], card["benchmark"])
+        if sp is not None:
+            card["scale_probe"] = scale_probe_entry(sp, card["model"], card["benchmark"])
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     index = []

@@ -126,6 +126,22 @@ def register(app: typer.Typer) -> None:
 
         _echo_paths(write_precision_check(main_scores, bf16_scores, out_dir, rules_path=rules, tol=tol))
 
+    @analyze.command("scale-probe")
+    def scale_probe(cell_scores: Path = typer.Argument(..., help="cell_scores.parquet"),
+                    out_dir: Path = typer.Option(..., "--out-dir"),
+                    family: list[str] = typer.Option(..., "--family", help="small,large (model keys); repeatable"),
+                    significance_configs: Optional[Path] = typer.Option(
+                        None, "--significance-configs", help="significance_configs.parquet (significant reversals)"),
+                    rules: Optional[Path] = typer.Option(None, "--rules", help="envelope rules (default config/envelope.yaml)"),
+                    sub_envelope: str = typer.Option("conservative_core", "--sub-envelope"),
+                    tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
+        """Scale probe: does swapping a model for its larger sibling reverse a verdict within the
+        sub-envelope (per benchmark, against each third model; and small vs large directly)."""
+        from .scale_probe import write_scale_probe
+
+        _echo_paths(write_scale_probe(cell_scores, out_dir, family, significance_configs_path=significance_configs,
+                                      rules_path=rules, sub_envelope=sub_envelope, tol=tol))
+
     @analyze.command("cards")
     def cards(cell_scores: Path = typer.Argument(...),
               provenance: Path = typer.Option(..., "--provenance", help="JSON/YAML {model: {benchmark: record}}"),
@@ -137,12 +153,14 @@ def register(app: typer.Typer) -> None:
               cross_package: Optional[Path] = typer.Option(None, "--cross-package",
                                                            help="cross_package.parquet (scores in other packages)"),
               precision: Optional[Path] = typer.Option(None, "--precision",
-                                                       help="precision.parquet, precision_cells.parquet beside it")):
+                                                       help="precision.parquet, precision_cells.parquet beside it"),
+              scale_probe: Optional[Path] = typer.Option(None, "--scale-probe",
+                                                         help="scale_probe.parquet (a line per family member)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
         from .cards import write_cards
 
         _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package,
-                                precision))
+                                precision, scale_probe))
 
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):

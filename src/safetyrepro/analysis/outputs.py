@@ -22,6 +22,7 @@ TABLE_STEPS: dict[str, tuple[str, ...]] = {
     "subsample": ("subsample_stability", "subsample_cells", "subsample_rho_flip"),
     "bbq-bias": ("bbq_bias", "bbq_bias_summary"),
     "precision": ("precision", "precision_cells"),
+    "scale-probe": ("scale_probe", "scale_probe_pairs"),
 }
 
 # figure -> the tables it is drawn from (the figures step reads exactly these)
@@ -39,7 +40,8 @@ FIGURES: dict[str, tuple[str, ...]] = {
 REPORT_TABLES: tuple[str, ...] = (
     "significance_benchmarks", "table2", "significance", "bootstrap_items", "table3", "table4", "parse_clean", "tau_r", "bootstrap",
     "nearest_reversal", "subsample_stability", "subsample_rho_flip", "precision", "anova", "shap",
-    "robustness", "robustness_item_sd", "robustness_regression", "bbq_bias_summary", "cross_package")
+    "robustness", "robustness_item_sd", "robustness_regression", "bbq_bias_summary", "cross_package",
+    "scale_probe", "scale_probe_pairs")
 
 CARDS_INDEX = "index.json"
 

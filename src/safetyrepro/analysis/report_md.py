@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..errors import DataError
 from ..io import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
@@ -64,8 +65,12 @@ def _figure(figures_dir: Path, name: str, out_path: Path, alt: str) -> str:
 
 def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str | Path) -> str:
     tables_dir, figures_dir, out_path = Path(tables_dir), Path(figures_dir), Path(out_path)
+    if not tables_dir.is_dir():
+        raise DataError(tables_dir, "tables folder not found")
     loaded = {name: read_table(tables_dir / f"{name}.parquet") for name in REPORT_TABLES
               if (tables_dir / f"{name}.parquet").exists()}
+    if not loaded:
+        raise DataError(tables_dir, f"none of the report's tables is here (expected e.g. {REPORT_TABLES[0]}.parquet)")
 
     stale = {name: note for name, (_, meta) in loaded.items() if (note := stale_note(name, meta))}
 
@@ -141,7 +146,7 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("table3", lambda d: md_table(d, {
         "benchmark": "benchmark", "slice": "slice", "decoding_support": "decodings", "pair": "pair",
         "n_plus": "N+", "n_minus": "N-", "n_zero": "N0", "n_configs": "|C|", "rho_flip": "rho_flip",
-        "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
+        "rho_flip_null_p": "noise p", "max_rho_flip": "max over pairs", "orderings_reachable": "orderings",
         "matched_to_logprob_decoding": "matched to logprob"})))
 
     out += ["", "## Table 4: envelopes (full, core, full minus T4, full minus T=0.7, conservative core)", ""]
@@ -157,6 +162,7 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out.append(section("parse_clean", lambda d: md_table(d, {
         "benchmark": "benchmark", "threshold": "min parse rate", "n_configs_total": "|C| full",
         "n_configs_left": "|C| left", "max_rho_flip": "max rho_flip", "max_pair": "pair",
+        "max_rho_flip_null_q95": "noise q95", "max_rho_flip_null_p": "noise p",
         "orderings_reachable": "orderings", "max_rho_flip_full": "max rho_flip (full)", "note": "note"})))
 
     out += ["", "## tau_R and the total-order change rate", "",
@@ -179,7 +185,7 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
             "value up, so read it against the noise references above.", ""]
     boot_cols = {"benchmark": "benchmark", "statistic": "rho_flip of", "resamples": "resamples",
                  "n_configs": "|C|", "estimate": "estimate", "ci_low": "2.5%", "ci_high": "97.5%",
-                 "samples": "B", "seed": "seed"}
+                 "rho_flip_null_q95": "noise q95", "rho_flip_null_p": "noise p", "samples": "B", "seed": "seed"}
     out.append(section("bootstrap", lambda d: md_table(d, boot_cols)))
     out.append("")
     out.append(section("bootstrap_items", lambda d: md_table(d, boot_cols)))
@@ -289,7 +295,27 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out += [""]
     if "cross_package" in loaded:
         out += cross_package_section(section, figures_dir, out_path)
+    if "scale_probe" in loaded:
+        out += scale_probe_section(section)
     return "\n".join(out) + "\n"
+
+
+def scale_probe_section(section) -> list[str]:
+    """The scale probe (docs/VERDICTS.md): a bounded statement per benchmark, family and third model."""
+    from .scale_probe import probe_line
+
+    out = ["## Scale probe: a larger sibling in place of a model", "",
+           "Per benchmark: does swapping each family's small model for its large sibling reverse the verdict "
+           "against a third model on some config of the sub-envelope (strict signs; significantly: both "
+           "differences item-level significant in opposite directions)? Bounded: within this sub-envelope and "
+           "on these items, not a scaling law.", ""]
+    out.append(section("scale_probe", lambda d: "\n".join(f"- {probe_line(r)}" for r in d.to_dict("records"))))
+    out += ["", "Small vs large directly, over the same configs (N+ = small ahead):", ""]
+    out.append(section("scale_probe_pairs", lambda d: md_table(d, {
+        "benchmark": "benchmark", "small": "small", "large": "large", "n_configs": "|C|", "n_plus": "N+",
+        "n_minus": "N-", "n_zero": "N0", "rho_flip": "rho_flip", "n_plus_sig": "N+_sig", "n_minus_sig": "N-_sig",
+        "rho_flip_sig": "rho_flip_sig", "note": "note"})))
+    return out + [""]
 
 
 def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[str]:

@@ -149,13 +149,13 @@ def _support(df: pd.DataFrame, col: str) -> dict[str, str]:
     return {b: ",".join(sorted(s[col].unique())) for b, s in df.groupby("benchmark")}
 
 
-def table3(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
+def table3(df: pd.DataFrame, tol: float = 0.0, noise: Noise | None = None) -> pd.DataFrame:
     parts = []
     for name, mask in SLICES.items():
         sub = df[mask(df)]
         if sub.empty:
             continue
-        t = _with_summary(sub, tol)
+        t = _with_noise(_with_summary(sub, tol), sub, noise, tol, pair_level=True)
         t.insert(1, "slice", name)
         sup = _support(sub, "decoding")
         t["decoding_support"] = t["benchmark"].map(sup)
@@ -238,8 +238,9 @@ def table4(df: pd.DataFrame, tol: float = 0.0, rules: Rules | None = None, noise
     return _sort_envelopes(out, [e[0] for e in envs])
 
 
-def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> pd.DataFrame:
-    """Per benchmark: the flip summary over configs where min parse rate over models >= threshold."""
+def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0, noise: Noise | None = None) -> pd.DataFrame:
+    """Per benchmark: the flip summary over configs where min parse rate over models >= threshold
+    (with ``noise``: the noise references on those configs)."""
     worst = df.groupby(["benchmark", "config"])["parse_rate"].min()
     clean = set(worst[worst >= threshold].index)
     keep = np.array([(b, c) in clean for b, c in zip(df["benchmark"], df["config"])], dtype=bool)
@@ -264,7 +265,8 @@ def parse_clean(df: pd.DataFrame, threshold: float = 0.95, tol: float = 0.0) -> 
     cols = ["benchmark", "threshold", "n_configs_total", "n_configs_left", "n_configs_dropped",
             "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible",
             "max_rho_flip_full", "note"]
-    return pd.DataFrame(rows, columns=cols)
+    out = pd.DataFrame(rows, columns=cols)
+    return _with_noise(out, df[keep], noise, tol, pair_level=False) if noise is not None else out
 
 
 def tau_r_table(df: pd.DataFrame, tol: float = 0.0) -> pd.DataFrame:
@@ -283,8 +285,9 @@ def benchmark_rng(seed: int, benchmark: str) -> np.random.Generator:
 
 
 def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: float = 0.0,
-                  progress: bool = False) -> pd.DataFrame:
-    """Percentile bootstrap over configurations (see module doc)."""
+                  progress: bool = False, noise: Noise | None = None) -> pd.DataFrame:
+    """Percentile bootstrap over configurations (see module doc); with ``noise``, each row's
+    noise reference (the pair's rho_flip_null_*, the max's max_rho_flip_null_*) beside it."""
     if samples < 1:
         raise ValueError("bootstrap samples must be >= 1")
     rows = []
@@ -311,8 +314,20 @@ def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: flo
             rows.append({"benchmark": b, "statistic": label, "model_a": a, "model_b": m,
                          "resamples": "configurations", "n_configs": n, "estimate": float(est), "ci_low": float(lo), "ci_high": float(hi),
                          "boot_mean": float(dist.mean()), "samples": int(samples), "seed": int(seed)})
-    return pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
-                                       "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
+    out = pd.DataFrame(rows, columns=["benchmark", "statistic", "model_a", "model_b", "resamples", "n_configs",
+                                      "estimate", "ci_low", "ci_high", "boot_mean", "samples", "seed"])
+    if noise is None:
+        return out
+    pairs, bench = noise.columns(df, tol)
+    out = out.merge(pairs, on=["benchmark", "model_a", "model_b"], how="left")
+    mx = bench.set_index("benchmark") if len(bench) else None
+    for c in ("null_mean", "null_q95", "null_p"):
+        col = f"rho_flip_{c}"
+        if mx is not None:
+            is_max = out["statistic"] == "max"
+            out.loc[is_max, col] = out.loc[is_max, "benchmark"].map(mx[f"max_rho_flip_{c}"])
+    out["noise_note"] = np.where(out["benchmark"].isin(list(noise.grids)), "", NO_NOISE)
+    return out
 
 
 def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float | None = None,
@@ -339,11 +354,11 @@ def paper_tables(df: pd.DataFrame, *, threshold: float = 0.95, bootstrap_samples
     references beside rho_flip and the orderings."""
     return {
         "table2": table2(df, tol, noise),
-        "table3": table3(df, tol),
+        "table3": table3(df, tol, noise),
         "table4": table4(df, tol, rules, noise),
-        "parse_clean": parse_clean(df, threshold, tol),
+        "parse_clean": parse_clean(df, threshold, tol, noise),
         "tau_r": tau_r_table(df, tol),
-        "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress),
+        "bootstrap": bootstrap_rho(df, bootstrap_samples, bootstrap_seed, tol, progress, noise),
     }
 
 

@@ -1,4 +1,4 @@
-"""`safetyrepro import lm-eval|inspect`: other harnesses' per-item results -> certify's table."""
+"""`safetyrepro import lm-eval|inspect|helm`: other harnesses' per-item results -> certify's table."""
 
 from __future__ import annotations
 
@@ -8,23 +8,39 @@ from typing import List, Optional
 import typer
 
 
-def _write(res, out: Path) -> None:
-    from ..io import atomic_write_text, write_parquet
+def _write(res, out: Path, as_json: bool = False) -> None:
+    """Write the long table atomically (CSV spreadsheet-safe: text cells from third-party logs
+    that start with = + - @ tab or CR get a leading apostrophe; Parquet keeps them verbatim)
+    and print what was imported (``--json``: the summary as one JSON object)."""
+    import json
 
-    if out.suffix.lower() in {".parquet", ".pq"}:   # both writers create the folder (WriteError if they cannot)
-        write_parquet(res.table, out, {"kind": "import"})   # atomic: a failed write keeps the old file
-    else:
-        atomic_write_text(out, res.table.to_csv(index=False))
+    from ..io import write_csv, write_parquet
     from ..textsafe import terminal_safe as safe   # names and settings come from the imported files
+    from .importers import summary
 
+    info = summary(res, out)   # both writers create the folder (WriteError if they cannot)
+    if out.suffix.lower() in {".parquet", ".pq"}:
+        write_parquet(res.table, out, {"import": {k: info[k] for k in ("runs", "axes", "constant", "metrics")}})
+    else:
+        write_csv(res.table, out)
+    if as_json:
+        typer.echo(json.dumps(info, indent=1, sort_keys=True, default=str))
+        return
     n = res.table.groupby(["benchmark", "model", "config"]).ngroups
     typer.echo(safe(f"wrote {out}: {len(res.table)} item scores, {n} (benchmark, model, config) cells, "
-                    f"{res.table['item'].nunique()} items"))
+               f"{info['n_items']} items, {info['n_runs']} run file(s), tasks {', '.join(info['tasks'])}"))
+    if info["filters"]:
+        how = ("axis column 'filter' (one run per filter; pick one with --filter NAME)"
+               if "filter" in res.axes else "one filter")
+        typer.echo(safe(f"filters: {', '.join(info['filters'])}: {how}"))
     typer.echo(safe("axis columns (settings that differ): " + (", ".join(res.axes) or "none")))
     for k, v in res.constant.items():
         typer.echo(safe(f"  same in every run: {k} = {v}"))
     if res.axes:
         typer.echo(safe(f"next: safetyrepro certify {out} --config-cols {','.join(res.axes)}"))
+
+
+_JSON = typer.Option(False, "--json", help="print a JSON summary (runs, tasks, filters, models, items, rows, output)")
 
 
 def register(app: typer.Typer) -> None:
@@ -39,11 +55,15 @@ def register(app: typer.Typer) -> None:
         metric: Optional[str] = typer.Option(None, "--metric", help="per-sample metric (default acc)"),
         benchmark: Optional[str] = typer.Option(None, "--benchmark",
                                                 help="benchmark name for every task (default: from the task name)"),
+        filter_name: Optional[str] = typer.Option(None, "--filter",
+                                                  help="keep only this lm-eval filter pipeline (default: every "
+                                                       "filter, as the axis column 'filter')"),
+        as_json: bool = _JSON,
     ):
         """lm-evaluation-harness results + per-sample JSONL -> item-level long table."""
         from .importers import import_lmeval
 
-        _write(import_lmeval(paths, metric, benchmark), out)
+        _write(import_lmeval(paths, metric, benchmark, filter_name), out, as_json)
 
     @imp.command("inspect")
     def inspect_cmd(
@@ -52,11 +72,27 @@ def register(app: typer.Typer) -> None:
         metric: Optional[str] = typer.Option(None, "--metric", help="scorer name (default: the only one)"),
         benchmark: Optional[str] = typer.Option(None, "--benchmark",
                                                 help="benchmark name (default: from the task name)"),
+        as_json: bool = _JSON,
     ):
-        """Inspect eval logs (read through inspect_ai.log) -> item-level long table."""
+        """Inspect eval logs or eval-set folders (read through inspect_ai.log) -> item-level long table."""
         from .importers import import_inspect
 
-        _write(import_inspect(logs, metric, benchmark), out)
+        _write(import_inspect(logs, metric, benchmark), out, as_json)
+
+    @imp.command("helm")
+    def helm_cmd(
+        runs: List[Path] = typer.Argument(..., help="HELM run folders (benchmark_output/runs/<suite>/<run>) or "
+                                                    "folders above them"),
+        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        metric: Optional[str] = typer.Option(None, "--metric", help="per-instance stat (default exact_match)"),
+        benchmark: Optional[str] = typer.Option(None, "--benchmark",
+                                                help="benchmark name (default: from the run name)"),
+        as_json: bool = _JSON,
+    ):
+        """HELM run folders (run_spec.json, scenario_state.json, per_instance_stats.json) -> long table."""
+        from .importers import import_helm
+
+        _write(import_helm(runs, metric, benchmark), out, as_json)
 
     app.add_typer(imp, name="import")
 

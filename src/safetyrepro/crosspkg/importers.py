@@ -7,24 +7,28 @@ every run are not axes; they are returned in ``ImportResult.constant``.
 
 * lm-evaluation-harness: a folder written with ``--output_path DIR --log_samples`` (searched
   recursively) holds ``results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task.
-  A results file is one run; its settings are the task (variant), ``num_fewshot``, chat template
+  One run per (task, filter pipeline); the item is lm-eval's ``doc_id`` (the document's own id,
+  if any, goes to column ``source_id``). Settings: the task, ``num_fewshot``, chat template
   on/off, few-shot as multi-turn, the system instruction, the generation kwargs, the model
-  arguments other than the path, and the lm-eval version.
-* Inspect: eval logs read through :func:`inspect_ai.log.read_eval_log` (any format Inspect
-  writes). Settings: the task, its arguments, the solver plan, the generate config, the model
-  arguments other than the path, and the inspect_ai version. The item score is the scorer's
-  value (``C``/``I`` and other Inspect letter values map through ``value_to_float``), averaged
-  over epochs.
+  arguments other than the path, the lm-eval version and the filter.
+* Inspect: eval logs, or folders of them as :func:`inspect_ai.log.list_eval_logs` lists them,
+  read through :func:`inspect_ai.log.read_eval_log`. Settings: the task, its arguments, the
+  solver plan, the generate config, the model arguments other than the path, and the
+  inspect_ai version. The item score is the scorer's value (``C``/``I`` and other Inspect letter
+  values map through ``value_to_float``), averaged over epochs.
+* HELM: run folders (``run_spec.json``, ``scenario_state.json``, ``per_instance_stats.json``);
+  the item is the instance id (+ perturbation), the score a per-instance stat.
 
-Errors (:class:`~safetyrepro.errors.DataError`, naming the file): a run without per-sample
-results, a metric the samples do not carry (the available ones are listed), runs of one
-benchmark whose item sets differ (the items each lacks are listed), two runs with identical
-settings for the same model and benchmark.
+Errors (:class:`~safetyrepro.errors.DataError`, naming the file and field or line): a field of a
+third-party file of the wrong type, a run without per-sample results, a metric the samples do
+not carry (the available ones are listed), runs of one benchmark whose item sets differ (the
+items each lacks are listed), two runs with identical settings for the same model and benchmark.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +40,7 @@ from ..errors import DataError
 #: truthfulqa_mc1, sr_truthfulqa_mc1 -> truthfulqa); other tasks keep their own name as benchmark.
 LMEVAL_BENCHMARKS = {
     "truthfulqa": "truthfulqa", "bbq": "bbq", "crows_pairs": "crows_pairs",
-    "toxigen": "toxigen", "xstest": "xstest",
+    "toxigen": "toxigen", "xstest": "xstest", "truthful_qa": "truthfulqa",   # the last: HELM's name
 }
 
 
@@ -50,6 +54,7 @@ class Run:
     settings: dict
     scores: dict           # item id -> score
     metric: str
+    refs: dict = field(default_factory=dict)   # item id -> the source's own id of it (source_id)
 
 
 @dataclass
@@ -106,6 +111,65 @@ def _fmt(v) -> str:
     return str(v)
 
 
+# ---------------------------------------------------------------------------------- reading
+# Third-party files are data: every field is type-checked before use, so a malformed file is a
+# one-line DataError naming the file and the field (or line), never a traceback.
+
+
+def _short(v, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise DataError(path, "is a folder, expected a file")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DataError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(path, f"not UTF-8 text (byte {exc.start}); a binary file?") from None
+
+
+def _parse_json(text: str, path: Path, where: str = ""):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(path, f"{where}not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:   # e.g. an integer over Python's digit limit
+        raise DataError(path, f"{where}not readable JSON: {str(exc).splitlines()[0][:80]}") from None
+
+
+def _obj(v, path: Path, field: str, *, optional: bool = True) -> dict:
+    """``v`` as a JSON object (absent/null -> {} when optional)."""
+    if v is None and optional:
+        return {}
+    if not isinstance(v, dict):
+        raise DataError(path, f"field {field!r} is {type(v).__name__} {_short(v, 40)}, expected an object")
+    return v
+
+
+def _number(v, path: Path, where: str) -> float:
+    """A finite float from a JSON number (or bool); anything else is a DataError."""
+    if isinstance(v, (bool, int, float)):
+        try:
+            f = float(v)
+        except OverflowError:
+            raise DataError(path, f"{where}: {str(v)[:20]}... is too large for a score") from None
+        if math.isfinite(f):
+            return f
+    raise DataError(path, f"{where}: {_short(v, 40)} is not a finite number")
+
+
+def _text(v, path: Path, field: str) -> str:
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return "" if v is None else str(v)
+    raise DataError(path, f"field {field!r} is {type(v).__name__} {_short(v, 40)}, expected text")
+
+
 # ---------------------------------------------------------------------------------- lm-eval
 
 
@@ -114,7 +178,7 @@ def _lmeval_results_files(paths) -> list[Path]:
     for p in map(Path, paths):
         if not p.exists():
             raise DataError(p, "not found")
-        if p.is_file():
+        if not p.is_dir():
             out.append(p)
             continue
         found = sorted(p.rglob("results_*.json"))
@@ -125,84 +189,136 @@ def _lmeval_results_files(paths) -> list[Path]:
 
 
 def _samples_file(results: Path, task: str) -> Path | None:
+    """The samples file of ``task`` beside ``results`` (same time stamp, else the only one);
+    names compared as text, since a task name from the file may hold glob or path characters."""
     stamp = results.stem[len("results_"):]
-    exact = results.parent / f"samples_{task}_{stamp}.jsonl"
-    if exact.exists():
-        return exact
-    cands = sorted(results.parent.glob(f"samples_{task}_*.jsonl"))
-    return cands[-1] if len(cands) == 1 else None
+    names = {p.name: p for p in results.parent.iterdir()}
+    exact = f"samples_{task}_{stamp}.jsonl"
+    if exact in names:
+        return names[exact]
+    cands = sorted(n for n in names if n.startswith(f"samples_{task}_") and n.endswith(".jsonl"))
+    return names[cands[-1]] if len(cands) == 1 else None
 
 
-def _lmeval_item_id(rec: dict) -> str:
-    doc = rec.get("doc") or {}
-    for key in ("item_id", "id", "example_id"):
-        if isinstance(doc, dict) and key in doc and doc[key] is not None:
-            return str(doc[key])
-    return str(rec["doc_id"])
+#: document fields that carry a dataset's own item id (recorded as ``source_id``, never the key:
+#: BBQ's ``example_id`` restarts in every category of its "All" set)
+DOC_ID_FIELDS = ("item_id", "id", "example_id")
 
 
-def read_lmeval_run(results: Path, metric: str | None = None, benchmark: str | None = None) -> list[Run]:
-    """The runs (one per task) of one lm-eval results file and its samples files."""
-    try:
-        res = json.loads(results.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DataError(results, f"cannot read as JSON: {exc}") from exc
-    if "results" not in res or "config" not in res:
-        raise DataError(results, "not an lm-eval results file (no 'results'/'config' fields)")
-    cfg = res["config"]
-    model, margs = _model_name(cfg.get("model_args"), str(res.get("model_name") or cfg.get("model") or "model"))
-    version = res.get("lm_eval_version") or _installed("lm_eval") or "unknown"
+def _doc_ref(rec: dict) -> str | None:
+    doc = rec.get("doc")
+    if isinstance(doc, dict):
+        for key in DOC_ID_FIELDS:
+            v = doc.get(key)
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v) != "":
+                return str(v)
+    return None
+
+
+def _read_samples(sfile: Path) -> list[tuple[int, dict]]:
+    """(line number, record) of an lm-eval samples JSONL file; every record an object with a
+    doc_id (int, or text)."""
+    recs = []
+    for n, line in enumerate(_read_text(sfile).splitlines(), 1):
+        if not line.strip():
+            continue
+        r = _parse_json(line, sfile, f"line {n}: ")
+        if not isinstance(r, dict):
+            raise DataError(sfile, f"line {n}: a {type(r).__name__}, expected a sample object")
+        d = r.get("doc_id")
+        if isinstance(d, bool) or not isinstance(d, (int, str)) or d == "":
+            raise DataError(sfile, f"line {n}: field 'doc_id' is {_short(d, 40)}, expected an integer"
+                            if "doc_id" in r else f"line {n}: no 'doc_id' field")
+        f = r.get("filter", "none")
+        if not isinstance(f, str) or not f:
+            raise DataError(sfile, f"line {n}: field 'filter' is {_short(f, 40)}, expected a name")
+        recs.append((n, r))
+    if not recs:
+        raise DataError(sfile, "no samples")
+    return recs
+
+
+def _metric_names(rec: dict) -> list[str]:
+    names = rec.get("metrics")
+    if isinstance(names, list) and names and all(isinstance(m, str) for m in names):
+        return names
+    return sorted(k for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+                  and k != "doc_id")
+
+
+def read_lmeval_run(results: Path, metric: str | None = None, benchmark: str | None = None,
+                    filter_name: str | None = None) -> list[Run]:
+    """The runs of one lm-eval results file and its samples files: one per (task, filter).
+
+    lm-eval writes one sample line per (doc_id, filter); each filter pipeline (gsm8k's
+    strict-match and flexible-extract) is its own run with setting ``filter`` (``filter_name``
+    keeps only that one in tasks that have several). The item id is the doc_id (unique within a
+    task); the document's own id field, if any, goes to ``Run.refs``."""
+    results = Path(results)
+    res = _parse_json(_read_text(results), results)
+    if not isinstance(res, dict) or "results" not in res or "config" not in res:
+        raise DataError(results, "not an lm-eval results file (a JSON object with 'results' and 'config')")
+    cfg = _obj(res["config"], results, "config")
+    configs = _obj(res.get("configs"), results, "configs")
+    nshot = _obj(res.get("n-shot"), results, "n-shot")
+    margs = cfg.get("model_args")
+    if margs is not None and not isinstance(margs, (str, dict)):
+        raise DataError(results, f"field 'config.model_args' is {type(margs).__name__}, expected text or an object")
+    model, margs = _model_name(margs, _text(res.get("model_name") or cfg.get("model") or "model", results,
+                                            "model_name"))
+    version = _text(res.get("lm_eval_version"), results, "lm_eval_version") or _installed("lm_eval") or "unknown"
+    tasks = sorted(configs or _obj(res["results"], results, "results"))   # configs: tasks only, no groups
     runs = []
-    tasks = sorted(res.get("configs") or res["results"])   # configs: tasks only, no groups
     for task in tasks:
-        tcfg = (res.get("configs") or {}).get(task, {})
+        tcfg = _obj(configs.get(task), results, f"configs.{task}")
+        shots = nshot.get(task, tcfg.get("num_fewshot"))
+        if shots is not None and (isinstance(shots, bool) or not isinstance(shots, int)):
+            raise DataError(results, f"field 'n-shot.{task}' is {_short(shots, 40)}, expected an integer")
         sfile = _samples_file(results, task)
         if sfile is None:
             raise DataError(results, f"task {task!r}: no per-sample results (samples_{task}_*.jsonl) next to it; "
                                      "run lm_eval with --log_samples")
-        recs = []
-        with open(sfile) as fh:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        recs.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise DataError(sfile, f"line {n} is not JSON: {exc}") from exc
-        if not recs:
-            raise DataError(sfile, "no samples")
-        names = recs[0].get("metrics") or sorted(
-            k for k, v in recs[0].items() if isinstance(v, (int, float)) and k not in ("doc_id",))
+        recs = _read_samples(sfile)
+        filters = list(dict.fromkeys(r.get("filter", "none") for _, r in recs))
+        if filter_name is not None and len(filters) > 1:   # a task with one pipeline keeps it
+            if filter_name not in filters:
+                raise DataError(sfile, f"no filter {filter_name!r}; the samples carry filters {filters}")
+            filters = [filter_name]
+        names = _metric_names(recs[0][1])
         m = metric or ("acc" if "acc" in names else (names[0] if len(names) == 1 else None))
         if m is None:
             raise DataError(sfile, f"several metrics {names}; choose one with --metric")
-        scores = {}
-        for n, r in enumerate(recs, 1):
-            if m not in r:
-                raise DataError(sfile, f"unknown metric {m!r} (line {n}); the samples carry {names}")
-            v = r[m]
-            if isinstance(v, (list, tuple)):
-                raise DataError(sfile, f"metric {m!r} is not a per-item number (line {n}: {v!r}); "
-                                       f"choose a per-item metric of {names}")
-            try:
-                v = float(v)
-            except (TypeError, ValueError):
-                raise DataError(sfile, f"metric {m!r} is not numeric on line {n}: {v!r}") from None
-            iid = _lmeval_item_id(r)
-            if iid in scores:
-                raise DataError(sfile, f"item {iid!r} appears twice")
-            scores[iid] = v
-        settings = {
+        gen = tcfg.get("generation_kwargs") or cfg.get("gen_kwargs") or ""
+        base = {
             "package": f"lm-eval {version}",
             "task": task,
-            "num_fewshot": (res.get("n-shot") or {}).get(task, tcfg.get("num_fewshot")),
+            "num_fewshot": shots,
             "chat_template": "on" if (cfg.get("apply_chat_template") or res.get("chat_template")) else "off",
             "fewshot_as_multiturn": bool(res.get("fewshot_as_multiturn", cfg.get("fewshot_as_multiturn", False))),
-            "system_instruction": res.get("system_instruction") or "",
-            "gen_kwargs": _fmt(tcfg.get("generation_kwargs") or cfg.get("gen_kwargs") or ""),
+            "system_instruction": _text(res.get("system_instruction"), results, "system_instruction"),
+            "gen_kwargs": _fmt(gen),
             "model_args": _fmt(margs),
-            "metric": m,
         }
-        runs.append(Run(str(results), model, benchmark_of(task, benchmark), settings, scores, m))
+        for flt in filters:
+            scores, refs = {}, {}
+            for n, r in recs:
+                if r.get("filter", "none") != flt:
+                    continue
+                if m not in r:
+                    raise DataError(sfile, f"unknown metric {m!r} (line {n}); the samples carry {names}")
+                v = r[m]
+                if isinstance(v, (list, tuple, dict)):
+                    raise DataError(sfile, f"metric {m!r} is not a per-item number (line {n}: {_short(v, 40)}); "
+                                           f"choose a per-item metric of {names}")
+                iid = str(r["doc_id"])
+                if iid in scores:
+                    raise DataError(sfile, f"line {n}: doc_id {iid} appears twice for filter {flt!r}")
+                scores[iid] = _number(v, sfile, f"line {n}, metric {m!r}")
+                ref = _doc_ref(r)
+                if ref is not None:
+                    refs[iid] = ref
+            runs.append(Run(str(results), model, benchmark_of(task, benchmark),
+                            {**base, "filter": flt, "metric": m}, scores, m, refs))
     return runs
 
 
@@ -224,22 +340,34 @@ def _score_value(v, path, sid) -> float:
     if isinstance(v, (dict, list)):
         raise DataError(path, f"sample {sid!r}: score value {v!r} is not a single number or letter grade")
     try:
-        return float(value_to_float()(v))
+        f = value_to_float()(v)
     except Exception as exc:  # noqa: BLE001 - inspect's converter raises plain exceptions
-        raise DataError(path, f"sample {sid!r}: cannot turn score value {v!r} into a number: {exc}") from None
+        raise DataError(path, f"sample {sid!r}: cannot turn score value {_short(v, 40)} into a number "
+                              f"({_first_line(exc)})") from None
+    return _number(f, path, f"sample {sid!r}, score value {_short(v, 40)}")
 
 
-def read_inspect_log(path: Path, metric: str | None = None, benchmark: str | None = None) -> Run:
-    """One Inspect eval log -> a run (item score = the scorer's value, mean over epochs)."""
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0][:200] if text else ''}"
+
+
+def read_inspect_log(src, metric: str | None = None, benchmark: str | None = None) -> Run:
+    """One Inspect eval log (a path, or an EvalLogInfo from list_eval_logs) -> a run (item
+    score = the scorer's value, mean over epochs)."""
     from inspect_ai.log import read_eval_log
 
-    path = Path(path)
-    if not path.exists():
-        raise DataError(path, "not found")
+    name = getattr(src, "name", None) if not isinstance(src, (str, Path)) else str(src)
+    path = Path(name.removeprefix("file://"))
+    if isinstance(src, (str, Path)):
+        if not path.exists():
+            raise DataError(path, "not found")
+        if path.is_dir():
+            raise DataError(path, "is a folder, expected an Inspect log file")
     try:
-        log = read_eval_log(str(path))
-    except Exception as exc:  # noqa: BLE001
-        raise DataError(path, f"cannot read as an Inspect eval log: {exc}") from exc
+        log = read_eval_log(src if not isinstance(src, Path) else str(src))
+    except Exception as exc:  # noqa: BLE001 - Inspect raises pydantic, zip, JSON and OS errors
+        raise DataError(path, f"cannot read as an Inspect eval log ({_first_line(exc)})") from None
     if log.status != "success":
         raise DataError(path, f"the eval did not finish (status {log.status!r})")
     if not log.samples:
@@ -251,9 +379,13 @@ def read_inspect_log(path: Path, metric: str | None = None, benchmark: str | Non
     if m is None:
         raise DataError(path, f"several scorers {available}; choose one with --metric")
     per_item: dict[str, list[float]] = {}
+    seen = set()
     for s in log.samples:
         if not s.scores or m not in s.scores:
             raise DataError(path, f"unknown metric {m!r} for sample {s.id!r}; the samples carry {available}")
+        if (str(s.id), s.epoch) in seen:
+            raise DataError(path, f"sample {s.id!r} appears twice in epoch {s.epoch}")
+        seen.add((str(s.id), s.epoch))
         per_item.setdefault(str(s.id), []).append(_score_value(s.scores[m].value, path, s.id))
     scores = {k: sum(v) / len(v) for k, v in per_item.items()}
     margs = {k: v for k, v in sorted((ev.model_args or {}).items()) if k not in ("model_path", "tokenizer_path", "device")}
@@ -278,11 +410,171 @@ def read_inspect_log(path: Path, metric: str | None = None, benchmark: str | Non
     return Run(str(path), model, benchmark_of(task, benchmark), settings, scores, m)
 
 
+# ---------------------------------------------------------------------------------- HELM
+# A HELM run folder (benchmark_output/runs/<suite>/<run name>/, written by helm-run) read as
+# JSON: run_spec.json (RunSpec), scenario_state.json (ScenarioState: the evaluated instances),
+# per_instance_stats.json (a list of PerInstanceStats). crfm-helm is not needed to read them
+# (its pins conflict with this environment's torch and datasets; docs/CROSS_PACKAGE.md).
+
+#: PerturbationDescription fields that describe how a stat is computed, not which perturbation
+_PERT_META = {"name", "robustness", "fairness", "computed_on"}
+
+
+def _helm_json(run: Path, name: str, kind: type):
+    f = run / name
+    if not f.exists():
+        raise DataError(run, f"no {name} (not a HELM run folder written by helm-run?)")
+    v = _parse_json(_read_text(f), f)
+    if not isinstance(v, kind):
+        raise DataError(f, f"a {type(v).__name__}, expected a JSON {'object' if kind is dict else 'list'}")
+    return f, v
+
+
+def _helm_item(iid, pert, f: Path, where: str) -> str:
+    """Item id: the instance id, plus the perturbation (name and parameters) if there is one."""
+    if not isinstance(iid, str) or not iid:
+        raise DataError(f, f"{where}: instance id {_short(iid, 40)} is not text")
+    if pert is None:
+        return iid
+    pert = _obj(pert, f, f"{where}.perturbation")
+    name = pert.get("name")
+    if not isinstance(name, str) or not name:
+        raise DataError(f, f"{where}: perturbation without a name")
+    params = ",".join(f"{k}={_fmt(v)}" for k, v in sorted(pert.items()) if k not in _PERT_META)
+    return f"{iid}~{name}" + (f"({params})" if params else "")
+
+
+def helm_run_dirs(paths) -> list[Path]:
+    """Run folders (those holding run_spec.json): the paths themselves or, for a suite or
+    benchmark_output folder, every run folder under it."""
+    out = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise DataError(p, "not found")
+        if not p.is_dir():
+            raise DataError(p, "expected a HELM run folder (benchmark_output/runs/<suite>/<run>)")
+        if (p / "run_spec.json").exists():
+            out.append(p)
+            continue
+        found = sorted(f.parent for f in p.rglob("run_spec.json") if not f.is_dir())
+        if not found:
+            raise DataError(p, "no HELM run folders (run_spec.json) under this folder")
+        out += found
+    return out
+
+
+def read_helm_run(run: Path, metric: str | None = None, benchmark: str | None = None) -> Run:
+    """One HELM run folder -> a run. Item = instance id (+ perturbation); score = the mean of
+    the per-instance stat ``metric`` (default exact_match), averaged over train trials."""
+    run = Path(run)
+    sf, spec = _helm_json(run, "run_spec.json", dict)
+    adapter = _obj(spec.get("adapter_spec"), sf, "adapter_spec", optional=False)
+    scen = _obj(spec.get("scenario_spec"), sf, "scenario_spec", optional=False)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise DataError(sf, "field 'name' is missing or not text")
+    stf, state = _helm_json(run, "scenario_state.json", dict)
+    rstates = state.get("request_states")
+    if not isinstance(rstates, list):
+        raise DataError(stf, "field 'request_states' is missing or not a list")
+    expected = set()
+    for n, rs in enumerate(rstates):
+        inst = _obj(_obj(rs, stf, f"request_states[{n}]", optional=False).get("instance"), stf,
+                    f"request_states[{n}].instance", optional=False)
+        expected.add(_helm_item(inst.get("id"), inst.get("perturbation"), stf, f"request_states[{n}]"))
+    pf, per = _helm_json(run, "per_instance_stats.json", list)
+    if not per:
+        raise DataError(pf, "no per-instance stats")
+    values: dict[str, dict[int, dict[str, float]]] = {}
+    for n, e in enumerate(per):
+        where = f"entry {n}"
+        e = _obj(e, pf, where, optional=False)
+        item = _helm_item(e.get("instance_id"), e.get("perturbation"), pf, where)
+        trial = e.get("train_trial_index", 0)
+        if isinstance(trial, bool) or not isinstance(trial, int):
+            raise DataError(pf, f"{where}: train_trial_index {_short(trial, 40)} is not an integer")
+        if trial in values.get(item, {}):
+            raise DataError(pf, f"{where}: instance {item!r} appears twice in train trial {trial}")
+        stats = e.get("stats")
+        if not isinstance(stats, list):
+            raise DataError(pf, f"{where}: field 'stats' is not a list")
+        got = {}
+        for k, st in enumerate(stats):
+            st = _obj(st, pf, f"{where}.stats[{k}]", optional=False)
+            sname = _obj(st.get("name"), pf, f"{where}.stats[{k}].name", optional=False).get("name")
+            if not isinstance(sname, str):
+                raise DataError(pf, f"{where}.stats[{k}]: stat name is not text")
+            got[sname] = st
+        values.setdefault(item, {})[trial] = got
+    names = sorted(set.intersection(*(set(g) for t in values.values() for g in t.values())))
+    m = metric or "exact_match"
+    if m not in names:
+        raise DataError(pf, f"unknown metric {m!r}; every instance carries {names}" if metric else
+                        f"no 'exact_match' stat; choose one with --metric of {names}")
+    scores = {}
+    for item, trials in values.items():
+        vals = []
+        for trial, got in sorted(trials.items()):
+            st = got[m]
+            where = f"instance {item!r}, trial {trial}, stat {m!r}"
+            if st.get("mean") is not None:
+                vals.append(_number(st["mean"], pf, where))
+            else:
+                count = _number(st.get("count", 0), pf, where + " count")
+                if count <= 0:
+                    raise DataError(pf, f"{where}: no value (count {count:g})")
+                vals.append(_number(st.get("sum"), pf, where + " sum") / count)
+        scores[item] = sum(vals) / len(vals)
+    missing = sorted(expected - set(scores))
+    if missing:
+        raise DataError(pf, f"{len(missing)} evaluated instance(s) of scenario_state.json have no stats: "
+                            f"{missing[:10]}")
+    model = adapter.get("model") or adapter.get("model_deployment")
+    if not isinstance(model, str) or not model:
+        raise DataError(sf, "field 'adapter_spec.model' is missing or not text")
+    aug = _obj(spec.get("data_augmenter_spec"), sf, "data_augmenter_spec")
+    perts = aug.get("perturbation_specs") or []
+    if not isinstance(perts, list):
+        raise DataError(sf, "field 'data_augmenter_spec.perturbation_specs' is not a list")
+    prompt_keys = ("global_prefix", "global_suffix", "instructions", "input_prefix", "input_suffix",
+                   "reference_prefix", "reference_suffix", "output_prefix", "output_suffix", "instance_prefix")
+    task = name.split(":", 1)[0]
+    settings = {
+        "package": "helm",
+        "task": task,
+        "scenario_args": _fmt(scen.get("args")),
+        "method": _text(adapter.get("method"), sf, "adapter_spec.method"),
+        "num_fewshot": adapter.get("max_train_instances"),
+        "temperature": adapter.get("temperature"),
+        "max_tokens": adapter.get("max_tokens"),
+        "stop_sequences": _fmt(adapter.get("stop_sequences")),
+        "num_outputs": adapter.get("num_outputs"),
+        "num_train_trials": adapter.get("num_train_trials"),
+        "prompt_format": _fmt({k: adapter[k] for k in prompt_keys if k in adapter}),
+        "perturbations": _fmt(perts),
+        "metric": m,
+    }
+    for k in ("num_fewshot", "temperature", "max_tokens", "num_outputs", "num_train_trials"):
+        v = settings[k]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise DataError(sf, f"field 'adapter_spec' value {k}={_short(v, 40)} is not a number")
+    return Run(str(run), model, benchmark_of(task, benchmark), settings, scores, m)
+
+
+def import_helm(paths, metric: str | None = None, benchmark: str | None = None) -> ImportResult:
+    return assemble([read_helm_run(d, metric, benchmark) for d in helm_run_dirs(paths)],
+                    ", ".join(map(str, paths)))
+
+
 # ---------------------------------------------------------------------------------- assemble
 
 #: short column names for the settings (the axis columns)
 _SHORT = {"num_fewshot": "shots", "chat_template": "chat", "fewshot_as_multiturn": "multiturn",
-          "system_instruction": "system", "generate_config": "generate"}
+          "system_instruction": "system", "generate_config": "generate", "num_train_trials": "train_trials"}
+
+
+def _item_order(kv):
+    return (0, int(kv[0]), "") if kv[0].isdigit() else (1, 0, kv[0])
 
 
 def assemble(runs: list[Run], where: str) -> ImportResult:
@@ -316,32 +608,67 @@ def assemble(runs: list[Run], where: str) -> ImportResult:
             raise DataError(where, f"benchmark {b!r}: the runs score different item sets "
                                    f"({len(union)} items in all):\n" + "\n".join(lines))
     cols = [_SHORT.get(a, a) for a in axes]
+    any_refs = any(r.refs for r in runs)
     rows = []
     for r in runs:
         ax = {c: _fmt(r.settings.get(a, "")) for a, c in zip(axes, cols)}
         cfg = "-".join(ax.values()) if ax else r.settings.get("package", "run")
-        for item, s in sorted(r.scores.items()):
-            rows.append({"model": r.model, "benchmark": r.benchmark, "config": cfg, "item": item,
-                         "score": s, **ax})
+        for item, s in sorted(r.scores.items(), key=_item_order):
+            row = {"model": r.model, "benchmark": r.benchmark, "config": cfg, "item": item, "score": s, **ax}
+            if any_refs:
+                row["source_id"] = r.refs.get(item)
+            rows.append(row)
     table = pd.DataFrame(rows)
     return ImportResult(table, cols, constant, runs)
 
 
-def import_lmeval(paths, metric: str | None = None, benchmark: str | None = None) -> ImportResult:
+def import_lmeval(paths, metric: str | None = None, benchmark: str | None = None,
+                  filter_name: str | None = None) -> ImportResult:
     runs = []
     for f in _lmeval_results_files(paths):
-        runs += read_lmeval_run(f, metric, benchmark)
+        runs += read_lmeval_run(f, metric, benchmark, filter_name)
     return assemble(runs, ", ".join(map(str, paths)))
 
 
+def _inspect_log_files(p: Path) -> list:
+    """A log file, or the logs of a folder as Inspect itself lists them (list_eval_logs: `.eval`
+    files and time-stamped `.json` logs, recursively; an eval-set's manifests eval-set.json and
+    logs.json are not logs and are not listed)."""
+    from inspect_ai.log import list_eval_logs
+
+    if not p.exists():
+        raise DataError(p, "not found")
+    if not p.is_dir():
+        return [p]
+    try:
+        found = list_eval_logs(str(p), descending=False)
+    except Exception as exc:  # noqa: BLE001 - a filesystem listing error
+        raise DataError(p, f"cannot list Inspect logs: {exc}") from None
+    if not found:
+        raise DataError(p, "no Inspect logs (*.eval, time-stamped *.json) in this folder")
+    return sorted(found, key=lambda info: info.name)
+
+
 def import_inspect(logs, metric: str | None = None, benchmark: str | None = None) -> ImportResult:
-    files = []
-    for p in map(Path, logs):
-        if p.is_dir():
-            found = sorted([*p.glob("*.eval"), *p.glob("*.json")])
-            if not found:
-                raise DataError(p, "no Inspect logs (*.eval, *.json) in this folder")
-            files += found
-        else:
-            files.append(p)
+    files = [f for p in map(Path, logs) for f in _inspect_log_files(p)]
     return assemble([read_inspect_log(f, metric, benchmark) for f in files], ", ".join(map(str, logs)))
+
+
+def summary(res: ImportResult, out: Path | None = None) -> dict:
+    """What an import read and wrote (``safetyrepro import ... --json``)."""
+    t = res.table
+    runs = sorted({r.source for r in res.runs})
+    return {
+        "output": str(out) if out else None,
+        "runs": runs, "n_runs": len(runs),
+        "tasks": sorted({str(r.settings.get("task")) for r in res.runs}),
+        "benchmarks": sorted(t["benchmark"].unique().tolist()),
+        "filters": sorted({str(r.settings["filter"]) for r in res.runs if "filter" in r.settings}),
+        "metrics": sorted({r.metric for r in res.runs}),
+        "models": sorted(t["model"].unique().tolist()),
+        "configs": sorted(t["config"].unique().tolist()),
+        "n_items": int(t.groupby("benchmark")["item"].nunique().sum()),
+        "n_rows": int(len(t)),
+        "axes": list(res.axes),
+        "constant": dict(res.constant),
+    }

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binom, norm
+from statistics import NormalDist
 
 from .compare import Scores, diff_sign, rule_for
 from .itemgrid import (MAX_ITEM_DEN, CommonArrays, ItemGrid, common_arrays, item_grid_from_results,  # noqa: F401
@@ -101,6 +101,8 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 def mcnemar_exact(n10: np.ndarray, n01: np.ndarray) -> np.ndarray:
     """Two-sided exact McNemar (sign test on discordant pairs) p-values."""
+    from scipy.stats import binom
+
     n10, n01 = np.asarray(n10), np.asarray(n01)
     n = n10 + n01
     p = np.minimum(1.0, 2.0 * binom.cdf(np.minimum(n10, n01), n, 0.5))
@@ -218,20 +220,28 @@ class BenchNull:
 
 
 def _orders(signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(reachable strict orders, order change rate) per leading index of signs[..., config, pair]."""
+    """(reachable strict orders, order change rate) per leading index of signs[..., config, pair]:
+    each config's sign vector is one code; sorted codes give the distinct orders and their sizes."""
     n_pairs = signs.shape[-1]
     codes = ((signs.astype(np.int64) + 1) * (3 ** np.arange(n_pairs, dtype=np.int64))).sum(axis=-1)
     strict = np.all(signs != 0, axis=-1)
     lead = codes.reshape(-1, codes.shape[-1])
-    st = strict.reshape(lead.shape)
-    n_cfg = lead.shape[1]
-    reach = np.empty(lead.shape[0])
-    change = np.empty(lead.shape[0])
+    rows, n_cfg = lead.shape
+    if n_cfg == 0:
+        nan = np.full(codes.shape[:-1], np.nan)
+        return np.zeros(codes.shape[:-1]), nan
+    srt = np.sort(lead, axis=1)
+    new = np.ones((rows, n_cfg), dtype=bool)
+    new[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    gid = np.cumsum(new, axis=1) - 1 + (np.arange(rows) * n_cfg)[:, None]
+    k = np.bincount(gid.ravel(), minlength=rows * n_cfg).reshape(rows, n_cfg).astype(float)
     pairs_total = n_cfg * (n_cfg - 1) / 2
-    for r in range(lead.shape[0]):
-        reach[r] = np.unique(lead[r][st[r]]).size
-        _, k = np.unique(lead[r], return_counts=True)
-        change[r] = (pairs_total - (k * (k - 1) / 2).sum()) / pairs_total if pairs_total else np.nan
+    change = (pairs_total - (k * (k - 1) / 2).sum(axis=1)) / pairs_total if pairs_total else np.full(rows, np.nan)
+    strict_codes = np.where(strict.reshape(rows, n_cfg), lead, -1)
+    ss = np.sort(strict_codes, axis=1)
+    first = np.ones((rows, n_cfg), dtype=bool)
+    first[:, 1:] = ss[:, 1:] != ss[:, :-1]
+    reach = (first & (ss >= 0)).sum(axis=1).astype(float)
     return reach.reshape(codes.shape[:-1]), change.reshape(codes.shape[:-1])
 
 
@@ -311,7 +321,7 @@ def _mdd(crit: float, q_stat: np.ndarray, q_pair: np.ndarray, scale, n: int, att
     qp = np.where(q_pair > 0, q_pair, fill)
     qs = np.where(q_stat > 0, q_stat, qp)
     unit = n * (1.0 if scale is None else np.asarray(scale, dtype=float))
-    return (crit * qs + norm.ppf(POWER) * qp) / unit
+    return (crit * qs + NormalDist().inv_cdf(POWER) * qp) / unit
 
 
 @dataclass

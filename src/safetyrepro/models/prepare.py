@@ -1,7 +1,7 @@
 """Model preparation: turn a config ``models.<key>.source`` into something ``from_pretrained``
 can load, once, and reuse it afterwards.
 
-Sources (``config/schema/config.schema.json``, ``$defs.model``):
+Sources (``src/safetyrepro/data/schema/config.schema.json``, ``$defs.model``):
 
 * ``{kind: local, path}``: an HF model folder on disk, loaded in place (must exist and hold
   ``*.safetensors`` weights). Its weights hash is computed once and recorded under
@@ -47,7 +47,6 @@ from typing import Any, Iterator
 
 from ..errors import ConfigError, ModelError
 from ..io import atomic_write_text
-from ..paths import resolve
 
 MARKER = "PREPARED.json"
 MARKER_FORMAT = 1
@@ -68,7 +67,7 @@ def prepare_model(cfg, key: str, *, progress: bool = True) -> Path | str:
     source = spec["source"]
     kind = source["kind"]
     if kind == "local":
-        path = resolve(source["path"])
+        path = cfg.resolve(source["path"])
         if not path.is_dir():
             raise ConfigError(cfg.path, f"models.{key}.source.path",
                               f"model {key}: folder {path} does not exist; copy the model's HF folder "

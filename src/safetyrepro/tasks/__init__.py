@@ -1,6 +1,6 @@
 """Benchmark tasks as data: one YAML file per benchmark in this folder.
 
-Each file (schema: config/schema/task.schema.json) declares the benchmark's templates (T1..T4,
+Each file (schema: data/schema/task.schema.json) declares the benchmark's templates (T1..T4,
 or any ids it likes; the envelope rules pick which the grid uses), how options are shown, the
 answer format, the logprob candidates, the free-form parser and the scoring rule. See
 docs/SCORING.md.

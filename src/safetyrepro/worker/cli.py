@@ -101,6 +101,11 @@ def events_summary_cmd(
     """Model loads per key and the share of wall time spent loading."""
     from .events import event_files, format_summary, summarize_events
 
+    absent = [f for f in events or [] if not f.is_file()]
+    if absent:
+        from ..errors import DataError
+
+        raise DataError(absent[0], "events file not found")
     files = events or event_files(resolve(results_dir))
     summary = summarize_events(files, since=since, wall_seconds=wall)
     if as_json:
