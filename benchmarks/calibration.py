@@ -110,6 +110,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "calibration.json")
     a = ap.parse_args()
+    import subprocess
+
+    # the revision whose code this process imported (read now: the checkout may move during the run)
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "src"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     rows = []
     t0 = time.time()
     for n_cfg in CONFIGS:
@@ -121,10 +126,8 @@ def main() -> int:
                 print(f"n={n} {kind} C={n_cfg}: size {r['fwer_maxt']:.3f} holm {r['fwer_holm']:.3f} "
                       f"cross {r['crossover_null']:.3f} rho {r['rho_null']:.3f} power {r['power_shift']:.2f}/"
                       f"{r['power_crossover']:.2f} ({r['seconds']} s)", flush=True)
-    import subprocess
-
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    record = {"benchmark": "calibration", "command": " ".join(sys.argv), "code_revision": rev, "cpu": cpu_name(),
+    record = {"benchmark": "calibration", "command": " ".join(sys.argv), "code_revision": rev + ("+dirty" if dirty else ""),
+              "cpu": cpu_name(),
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "seconds": round(time.time() - t0, 1),
               "settings": vars(a) | {"out": str(a.out)}, "rows": rows, "markdown": markdown(rows)}
     a.out.parent.mkdir(parents=True, exist_ok=True)
