@@ -138,3 +138,12 @@ def test_analysis_rules_declare_what_their_step_writes(tmp_path):
     for step, (rule, declared, _) in seen.items():
         assert declared == {str(p) for p in expected[step].values()}, (rule, step)
     assert seen["figures"][2] == [str(tables / f"{t}.parquet") for t in outputs.figure_sources()]
+
+
+def test_conda_deployment_is_refused_before_any_job(tmp_path):
+    """envs/ is the rules' declared software for the linter only (jobs run this interpreter's
+    environment): a conda deployment is refused with one clear line, not silently half-honoured."""
+    r = _run(str(BIN / "snakemake"), "-n", "--cores", "1", "--software-deployment-method", "conda",
+             "--configfile", "config/config.yaml")
+    assert r.returncode != 0
+    assert "--software-deployment-method conda is not supported" in r.stdout + r.stderr
