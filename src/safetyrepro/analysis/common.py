@@ -273,3 +273,15 @@ def version_text(cv) -> str:
 
 def pair_label(a: str, b: str) -> str:
     return f"{a} vs {b}"
+
+
+def optional_source(path, cs, sources: list):
+    """The table at ``path`` (None when no path is given), checked to come from the same rules
+    as the cell scores ``cs``, and recorded in ``sources`` for the output's provenance."""
+    if path is None:
+        return None
+    df, meta = read_table(path)
+    check_same_rules((cs.path, cs.meta), (Path(path), meta))
+    sources.append((Path(path), meta))
+    return df
+

@@ -37,8 +37,7 @@ from ..metrics.compare import diff_sign, has_exact, score_grid, tie_rule
 from ..metrics.flips import pair_stats
 from ..metrics.reversal import sig_signs_from_configs
 from ..rules import Rules, load_rules
-from .common import AXES, check_rules_file, check_same_rules, load_cell_scores, output_metadata, read_table, \
-    write_tables
+from .common import AXES, check_rules_file, load_cell_scores, optional_source, output_metadata, write_tables
 
 SUB_ENVELOPE = "conservative_core"
 NO_SIG = "not computed: no item-level significance given"
@@ -226,10 +225,8 @@ def write_scale_probe(cell_scores_path: str | Path, out_dir: str | Path, familie
     check_families(fams, cs.df["model"].unique(), cs.path)
     sources = [(cs.path, cs.meta)]
     sig = None
-    if significance_configs_path is not None:
-        sig_df, smeta = read_table(significance_configs_path)
-        check_same_rules((cs.path, cs.meta), (Path(significance_configs_path), smeta))
-        sources.append((Path(significance_configs_path), smeta))
+    sig_df = optional_source(significance_configs_path, cs, sources)
+    if sig_df is not None:
         try:
             sig = sig_signs_from_configs(sig_df)
         except ValueError as exc:

@@ -412,18 +412,14 @@ def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, no
                            tol: float | None = None) -> dict[str, Path]:
     """``nearest_reversal`` from ``cell_scores.parquet`` and, when given, the item-level
     ``significance_configs.parquet`` of the same run (for the significant reversals)."""
-    from .common import check_same_rules, read_table
+    from .common import optional_source
 
     cs = load_cell_scores(cell_scores_path)
     sources = [(cs.path, cs.meta)]
-    sig = None
-    if significance_configs_path is not None:
-        sig, smeta = read_table(significance_configs_path)
-        check_same_rules((cs.path, cs.meta), (Path(significance_configs_path), smeta))
-        sources.append((Path(significance_configs_path), smeta))
+    sig = optional_source(significance_configs_path, cs, sources)
     table = nearest_reversal(cs.df, nominal, tol, sig)
     params = {"nominal_config": nominal, "tol": tol, "tie_rule": tie_rule(tol, exact=has_exact(cs.df)).as_dict(),
-              "significance": "significance_configs (Holm-corrected per-config tests)" if sig is not None
+              "significance": "significance_configs (family-wise corrected per-config tests)" if sig is not None
               else "not computed (no item-level significance given)"}
     return write_tables("nearest-reversal", {"nearest_reversal": table}, out_dir, lambda name: output_metadata(
         name, sources, params, {"dropped_incomplete_configs": cs.dropped}))
