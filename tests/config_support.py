@@ -9,21 +9,7 @@ from pathlib import Path
 
 import yaml
 
-PATH_KEYS = (("envelope", "rules"), ("data", "local_dir"), ("runtime", "resources_dir"),
-             ("runtime", "results_dir"))
-
-
-def absolute_paths(raw: dict, folder: Path) -> dict:
-    """``raw`` (a parsed config from ``folder``) with its relative paths made absolute."""
-    for section, key in PATH_KEYS:
-        value = raw.get(section, {}).get(key)
-        if value is not None and not Path(value).is_absolute():
-            raw[section][key] = str((folder / value).resolve())
-    for spec in raw.get("models", {}).values():
-        source = spec.get("source", {})
-        if source.get("kind") == "local" and not Path(source["path"]).is_absolute():
-            source["path"] = str((folder / source["path"]).resolve())
-    return raw
+from safetyrepro.config import PATH_KEYS, absolute_paths  # noqa: F401  (re-exported for the tests)
 
 
 def config_copy(path: Path) -> dict:

@@ -140,6 +140,25 @@ def config_folder(path: str | os.PathLike) -> Path:
     return Path(os.path.normpath(Path(path).absolute())).parent
 
 
+PATH_KEYS = (("envelope", "rules"), ("data", "local_dir"), ("runtime", "resources_dir"),
+             ("runtime", "results_dir"))
+
+
+def absolute_paths(raw: dict, folder: str | os.PathLike) -> dict:
+    """``raw`` (a parsed config from ``folder``) with its relative paths made absolute, so a copy
+    written elsewhere points at the same envelope, data, resources, results and model folders."""
+    folder = Path(folder)
+    for section, key in PATH_KEYS:
+        value = raw.get(section, {}).get(key)
+        if isinstance(value, str) and not Path(value).is_absolute():
+            raw[section][key] = str((folder / value).resolve())
+    for spec in raw.get("models", {}).values():
+        source = spec.get("source", {}) if isinstance(spec, dict) else {}
+        if source.get("kind") == "local" and not Path(source["path"]).is_absolute():
+            source["path"] = str((folder / source["path"]).resolve())
+    return raw
+
+
 def load_config(path: str | os.PathLike) -> RunConfig:
     """Load and validate a run config (a relative ``path`` from the working directory);
     ConfigError names the file and field at fault."""

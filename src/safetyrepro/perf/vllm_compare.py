@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config import absolute_paths, config_folder
 from ..errors import ConfigError
 
 DECODE_CONFIG = "T4-greedy-k5-freeform"  # gpu_smoke.py's decode group
@@ -65,11 +66,10 @@ def local_model_config(config_path: str | Path, model_dirs: dict[str, str], out_
         if not (Path(folder) / "config.json").is_file():
             raise ConfigError(config_path, f"models.{key}.source.path",
                               f"{folder} is not a Hugging Face model folder (no config.json)")
-    out = copy.deepcopy(raw)
-    out["models"] = {k: raw["models"][k] for k in keep}
+    out = absolute_paths(copy.deepcopy(raw), config_folder(config_path))   # the copy lives elsewhere
+    out["models"] = {k: out["models"][k] for k in keep}
     for key, folder in model_dirs.items():
         out["models"][key]["source"] = {"kind": "local", "path": str(Path(folder).resolve())}
-    # the envelope rules stay the original's (a relative path resolves against the project root)
     out_path = Path(out_path)
     out_path.write_text(yaml.safe_dump(out, sort_keys=False))
     return out_path
