@@ -200,7 +200,6 @@ onstart:
     from safetyrepro.models.load import require_device
     from safetyrepro.run_summary import start_run
     from safetyrepro.scheduling import drop_local_rate_limiter
-
     from safetyrepro.runlock import hold_results_lock
 
     # a config that needs a GPU (runtime.device: cuda) fails here, before any job starts
