@@ -180,6 +180,8 @@ def test_full_size_numbers_agree_with_the_metric_core(run):
     # the all-items noise reference of the max rho_flip is the significance table's (same stream)
     assert (sub.loc[sb.index, "max_rho_flip_null_q95_all_items"] == sb["max_rho_flip_null_q95"]).all()
     assert sub["max_rho_flip_null_q95_sub"].between(0, 0.5).all()
+    srho = pd.read_parquet(run["tables"] / "subsample_rho_flip.parquet")
+    assert srho["rho_flip_null_p"].between(0, 1).all() and (srho["rho_flip_null_q95"] <= 0.5).all()
     boot = pd.read_parquet(run["tables"] / "bootstrap.parquet")
     assert (boot["ci_low"] <= boot["ci_high"]).all() and set(boot["samples"]) == {200}
     anova = pd.read_parquet(run["tables"] / "anova.parquet").set_index("benchmark")

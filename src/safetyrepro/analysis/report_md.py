@@ -216,12 +216,16 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
     out += ["", "rho_flip per pair on the subsamples (distribution over repeats; full envelope):", ""]
 
     def sub_rho(d: pd.DataFrame) -> str:
-        g = d.groupby(["benchmark", "statistic"], sort=True)["rho_flip"]
-        t = pd.DataFrame({"min": g.min(), "median": g.median(), "max": g.max(), "repeats": g.size()}).reset_index()
+        g = d.groupby(["benchmark", "statistic"], sort=True)
+        t = pd.DataFrame({"min": g["rho_flip"].min(), "median": g["rho_flip"].median(), "max": g["rho_flip"].max(),
+                          "repeats": g.size()}).reset_index()
+        if "rho_flip_null_p" in d.columns:   # the noise reference of each subsample, summarised over repeats
+            t = t.merge(g[["rho_flip_null_q95", "rho_flip_null_p"]].median().reset_index(), on=["benchmark", "statistic"])
         t = t.merge(d.drop_duplicates(["benchmark", "statistic"])[["benchmark", "statistic", "rho_flip_all_items"]],
                     on=["benchmark", "statistic"])
         return md_table(t, {"benchmark": "benchmark", "statistic": "rho_flip of", "rho_flip_all_items": "all items",
-                            "min": "min", "median": "median", "max": "max", "repeats": "repeats"})
+                            "min": "min", "median": "median", "max": "max", "repeats": "repeats",
+                            "rho_flip_null_q95": "noise q95 (median)", "rho_flip_null_p": "noise p (median)"})
 
     out.append(section("subsample_rho_flip", sub_rho))
 

@@ -36,7 +36,7 @@ from ..metrics import orderings
 from ..metrics.compare import Scores, diff_sign
 from ..metrics.itemgrid import item_grid_from_results
 from ..metrics.resampling import DEFAULT_SAMPLES
-from ..metrics.significance import bench_null, null_summary
+from ..metrics.significance import bench_null, null_summary, pair_null
 from ..rules import load_rules
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
@@ -50,7 +50,7 @@ SUMMARY_COLUMNS = ["benchmark", "fraction", "repeats", "seed", "n_items", "n_ite
                    "max_rho_flip_null_p_all_items", "max_rho_flip_null_mean_sub", "max_rho_flip_null_q95_sub",
                    "max_rho_flip_null_p_sub", "noise_note"]
 RHO_COLUMNS = ["benchmark", "statistic", "model_a", "model_b", "repeat", "seed", "n_configs", "rho_flip",
-               "rho_flip_all_items"]
+               "rho_flip_all_items", "rho_flip_null_mean", "rho_flip_null_q95", "rho_flip_null_p"]
 CELL_COLUMNS = ["model", "benchmark", "config", "core", "score_all_items", "score_sub_median",
                 "score_sub_min", "score_sub_max", "range"]
 
@@ -185,14 +185,16 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             reach.append(_reachable(counts, core_cfgs, models, tol))
             if full_rho:
                 rep = _rho_flips(counts, env_cfgs, models, tol)
+                rep_max.append(max(rep.values()))
+                nul = _repeat_noise(res, b, env_cfgs, ids, rep, rep_max[-1], noise_samples, seed, tol) \
+                    if b not in parity else {}
                 for (a, m2), v in rep.items():
                     rhos.append({"benchmark": b, "statistic": f"{a} vs {m2}", "model_a": a, "model_b": m2,
                                  "repeat": r, "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": v,
-                                 "rho_flip_all_items": full_rho[(a, m2)]})
-                rep_max.append(max(rep.values()))
+                                 "rho_flip_all_items": full_rho[(a, m2)], **nul.get((a, m2), {})})
                 rhos.append({"benchmark": b, "statistic": "max", "model_a": "", "model_b": "", "repeat": r,
                              "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": rep_max[-1],
-                             "rho_flip_all_items": max(full_rho.values())})
+                             "rho_flip_all_items": max(full_rho.values()), **nul.get("max", {})})
         table = pd.concat(subs, axis=1, keys=range(repeats))
         rng = table.max(axis=1) - table.min(axis=1)
         dev = table.sub(full, axis=0).abs().max(axis=1)
@@ -222,6 +224,20 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
             "max_rho_flip_sub_max": float(np.max(rep_max)) if rep_max else float("nan")})
     return (pd.DataFrame(summary, columns=SUMMARY_COLUMNS), pd.DataFrame(cells, columns=CELL_COLUMNS),
             pd.DataFrame(rhos, columns=RHO_COLUMNS))
+
+
+def _repeat_noise(res: pd.DataFrame, b: str, configs: list[str], ids: list[str], rep: dict, rep_max: float,
+                  samples: int, seed: int, tol) -> dict:
+    """Noise references of one subsample: per pair (sign flips) and for the max (permutations)."""
+    sub = res[res["config"].isin(configs) & res["item_id"].astype(str).isin(set(ids))]
+    g = item_grid_from_results(sub, b)
+    out = {}
+    for (a, m2), v in rep.items():
+        pn = pair_null(g, g.models.index(a), g.models.index(m2), samples, seed, tol)
+        out[(a, m2)] = {f"rho_flip_{k}": x for k, x in null_summary(pn.null_rho, v, pn.draws).items()}
+    bn = bench_null(g, samples, seed, tol)
+    out["max"] = {f"rho_flip_{k}": x for k, x in null_summary(bn.null["max_rho_flip"], rep_max, bn.draws).items()}
+    return out
 
 
 def _max_rho_noise(res: pd.DataFrame, b: str, configs: list[str], sub_ids: list[str], rep_max: list[float],
