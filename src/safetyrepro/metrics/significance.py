@@ -266,11 +266,10 @@ def bench_null(g: ItemGrid, samples: int, seed: int, tol=None, chunk: int = 256)
     q_pool = np.sqrt(sum((xd[p] ** 2).sum(axis=-1) for p in pairs)) if pairs else np.zeros(nc)
     qs = np.where(q_pool > 0, q_pool, 1.0)
     obs_sums = arr.x.sum(axis=2)[None]
-    _, observed = _bench_stats(arr, obs_sums, pairs, tol)
+    obs_signs, observed = _bench_stats(arr, obs_sums, pairs, tol)
     observed = {k: float(v[0]) for k, v in observed.items()}
     t_obs = np.stack([obs_sums[0, i] - obs_sums[0, j] for i, j in pairs]) if pairs else np.zeros((0, nc))
-    sign_obs = diff_sign(arr.scores(obs_sums)[0, [p[0] for p in pairs]], arr.scores(obs_sums)[0, [p[1] for p in pairs]],
-                         tol) if pairs else np.zeros((0, nc))
+    sign_obs = obs_signs[0].T                                  # (pairs, configs)
     abs_obs = np.where((sign_obs != 0) & (q_pool > 0), np.abs(t_obs) / qs, 0.0).reshape(-1)
     null = {k: [] for k in observed}
     stars = []
@@ -370,14 +369,11 @@ def significance_tables(grids: list[ItemGrid], settings: Settings | None = None,
     warnings = warnings if warnings is not None else []
     pnulls: dict[str, list[PairNull]] = {}
     bnulls: dict[str, BenchNull] = {}
-    cells_of, signs_of = {}, {}
+    cells_of = {}
     for g in grids:
-        cells = g.cell_scores()
-        cells_of[g.benchmark] = cells
-        pairs = list(itertools.combinations(range(len(g.models)), 2))
-        signs_of[g.benchmark] = [diff_sign(cells[ia], cells[ib], s.tol) for ia, ib in pairs]
-        pnulls[g.benchmark] = [pair_null(g, ia, ib, B, s.seed, s.tol, sg)
-                               for (ia, ib), sg in zip(pairs, signs_of[g.benchmark])]
+        cells = cells_of[g.benchmark] = g.cell_scores()
+        pnulls[g.benchmark] = [pair_null(g, ia, ib, B, s.seed, s.tol, diff_sign(cells[ia], cells[ib], s.tol))
+                               for ia, ib in itertools.combinations(range(len(g.models)), 2)]
         bnulls[g.benchmark] = bench_null(g, B, s.seed, s.tol)
     # families -> adjusted p per (benchmark, pair index) as (configs,) arrays
     fams: list[tuple[Family, list[tuple[str, int]]]] = []
@@ -431,7 +427,7 @@ def significance_tables(grids: list[ItemGrid], settings: Settings | None = None,
             sig = dec["adj"] <= s.alpha
             plus, minus = sig & (sign > 0), sig & (sign < 0)
             n_plus, n_minus = int(np.sum(sign > 0)), int(np.sum(sign < 0))
-            rho = min(n_plus, n_minus) / nc
+            rho = float(_rho(sign))
             p_a = float(dec["adj"][sign > 0].min()) if n_plus else 1.0
             p_b = float(dec["adj"][sign < 0].min()) if n_minus else 1.0
             nul = null_summary(pn.null_rho, rho, pn.draws)
@@ -439,8 +435,9 @@ def significance_tables(grids: list[ItemGrid], settings: Settings | None = None,
             n_cross += pattern == "crossover"
             n_rev_sig += pattern in ("crossover", "one_sided")
             mdds.append(dec["mdd"])
-            diff = g.value[g.models.index(pn.a)].mean(axis=1) - g.value[g.models.index(pn.b)].mean(axis=1)
-            dv = g.value[g.models.index(pn.a)] - g.value[g.models.index(pn.b)]
+            ia, ib = g.models.index(pn.a), g.models.index(pn.b)
+            dv = g.value[ia] - g.value[ib]
+            diff = dv.mean(axis=1)
             se = dv.std(axis=1, ddof=1) / np.sqrt(n) if n > 1 else np.full(nc, np.nan)
             pair_rows.append({
                 "benchmark": b, "model_a": pn.a, "model_b": pn.b, "n_configs": nc, "n_items": n,
@@ -455,7 +452,7 @@ def significance_tables(grids: list[ItemGrid], settings: Settings | None = None,
                 "mdd_median": float(np.median(dec["mdd"])), "pattern": pattern, "resampling": dec["resampling"],
                 "samples": int(pn.draws.samples), "min_attainable_p": dec["min_p"], "can_reach_alpha": dec["reach"],
                 "tie_rule": rule, "seed": int(s.seed)})
-            both01 = binary[g.models.index(pn.a)] & binary[g.models.index(pn.b)]
+            both01 = binary[ia] & binary[ib]
             stat = np.where(pn.q > 0, pn.d.sum(axis=1) / np.where(pn.q > 0, pn.q, 1.0), 0.0)
             for j, c in enumerate(g.configs):
                 test = ("none (tie)" if sign[j] == 0 else
@@ -494,7 +491,7 @@ def significance_tables(grids: list[ItemGrid], settings: Settings | None = None,
             "mdd_median": float(np.median(mdd_all)), "verdict": verdict, "verdict_text": VERDICTS[verdict],
             "alpha": float(s.alpha), "family": s.family, "correction": CORRECTIONS[s.correction],
             "samples": int(bn.draws.samples), "seed": int(s.seed)})
-        boot_rows += _item_bootstrap(g, cells_of[b], [p.a for p in pnulls[b]], [p.b for p in pnulls[b]], B, s)
+        boot_rows += _item_bootstrap(g, pnulls[b], B, s)
     return {"significance": pd.DataFrame(pair_rows, columns=PAIR_COLUMNS),
             "significance_configs": pd.DataFrame(cfg_rows, columns=CONFIG_COLUMNS),
             "significance_benchmarks": pd.DataFrame(bench_rows, columns=BENCH_COLUMNS),
@@ -509,20 +506,19 @@ def draw_weights(n_items: int, samples: int, seed: int, benchmark: str) -> np.nd
                                                           size=samples).astype(float)
 
 
-def _item_bootstrap(g: ItemGrid, cells: Scores, a_names, b_names, samples: int, s: Settings) -> list[dict]:
+def _item_bootstrap(g: ItemGrid, pairs: list[PairNull], samples: int, s: Settings) -> list[dict]:
     """Spread of the plug-in rho_flip (per pair and its max) over item redraws."""
-    if not a_names:
+    if not pairs:
         return []
     W = draw_weights(g.n_items, samples, s.seed, g.benchmark)
     boot = g.cell_scores(W)
     nc = len(g.configs)
     rows, dists, points = [], [], []
-    for a, b in zip(a_names, b_names):
+    for pn in pairs:
+        a, b = pn.a, pn.b
         ia, ib = g.models.index(a), g.models.index(b)
-        bs = diff_sign(boot[:, ia, :], boot[:, ib, :], s.tol)
-        dist = _rho(bs)
-        sg = diff_sign(cells[ia], cells[ib], s.tol)
-        point = min(int(np.sum(sg > 0)), int(np.sum(sg < 0))) / nc
+        dist = _rho(diff_sign(boot[:, ia, :], boot[:, ib, :], s.tol))
+        point = float(_rho(pn.sign))
         dists.append(dist)
         points.append(point)
         lo, hi = _percentile(dist)
@@ -550,8 +546,7 @@ def noise_columns(grids: list[ItemGrid], samples: int, seed: int, tol=None) -> t
         for ia, ib in itertools.combinations(range(len(g.models)), 2):
             sg = diff_sign(cells[ia], cells[ib], tol)
             pn = pair_null(g, ia, ib, samples, seed, tol, sg)
-            rho = min(int(np.sum(sg > 0)), int(np.sum(sg < 0))) / len(g.configs)
-            nul = null_summary(pn.null_rho, rho, pn.draws)
+            nul = null_summary(pn.null_rho, float(_rho(sg)), pn.draws)
             prow.append({"benchmark": g.benchmark, "model_a": pn.a, "model_b": pn.b, "rho_flip_null_mean": nul["null_mean"],
                          "rho_flip_null_q95": nul["null_q95"], "rho_flip_null_p": nul["null_p"]})
         bn = bench_null(g, samples, seed, tol)
