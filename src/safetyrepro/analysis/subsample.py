@@ -172,8 +172,6 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
         for r in tqdm(range(repeats), desc=f"subsamples {b}", disable=not progress):
             sub_items = stratified_subsample(items[b], fraction, seed + r, strata_col=strata_col)
             ids = list(sub_items["item_id"].astype(str))
-            if r == 0:
-                first_ids = ids
             n_sub.append(len(ids))
             counts = m.cell_counts(ids)
             subs.append(counts["score"])
@@ -188,6 +186,8 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
                 rep_max.append(max(rep.values()))
                 nul = _repeat_noise(res, b, env_cfgs, ids, rep, rep_max[-1], noise_samples, seed, tol) \
                     if b not in parity else {}
+                if r == 0:
+                    first_noise = nul
                 for (a, m2), v in rep.items():
                     rhos.append({"benchmark": b, "statistic": f"{a} vs {m2}", "model_a": a, "model_b": m2,
                                  "repeat": r, "seed": seed + r, "n_configs": len(env_cfgs), "rho_flip": v,
@@ -204,7 +204,7 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
                           "score_sub_median": float(table.loc[(model, cfg)].median()),
                           "score_sub_min": float(table.loc[(model, cfg)].min()),
                           "score_sub_max": float(table.loc[(model, cfg)].max()), "range": float(v)})
-        noise = _max_rho_noise(res, b, env_cfgs, first_ids, rep_max, full_rho, noise_samples, seed, tol) \
+        noise = _max_rho_noise(res, b, env_cfgs, first_noise["max"], full_rho, noise_samples, seed, tol) \
             if b not in parity and full_rho else {"noise_note": "no item-level noise reference (parity-distance score)"
                                                   if b in parity else "fewer than two models"}
         n_pairs = len(core_cfgs) * repeats
@@ -240,18 +240,14 @@ def _repeat_noise(res: pd.DataFrame, b: str, configs: list[str], ids: list[str],
     return out
 
 
-def _max_rho_noise(res: pd.DataFrame, b: str, configs: list[str], sub_ids: list[str], rep_max: list[float],
-                   full_rho: dict, samples: int, seed: int, tol) -> dict:
-    """Noise reference of the max rho_flip on all items and on the first subsample."""
-    out = {}
-    for label, ids, observed in (("all_items", None, max(full_rho.values())), ("sub", sub_ids, rep_max[0])):
-        sub = res[res["config"].isin(configs)]
-        if ids is not None:
-            sub = sub[sub["item_id"].astype(str).isin(set(ids))]
-        bn = bench_null(item_grid_from_results(sub, b), samples, seed, tol)
-        nul = null_summary(bn.null["max_rho_flip"], observed, bn.draws)
-        out |= {f"max_rho_flip_null_mean_{label}": nul["null_mean"], f"max_rho_flip_null_q95_{label}": nul["null_q95"],
-                f"max_rho_flip_null_p_{label}": nul["null_p"]}
+def _max_rho_noise(res: pd.DataFrame, b: str, configs: list[str], first_max: dict, full_rho: dict,
+                   samples: int, seed: int, tol) -> dict:
+    """Noise reference of the max rho_flip on all items and on the first subsample (``first_max``:
+    that repeat's reference, already computed by :func:`_repeat_noise`)."""
+    bn = bench_null(item_grid_from_results(res[res["config"].isin(configs)], b), samples, seed, tol)
+    nul = null_summary(bn.null["max_rho_flip"], max(full_rho.values()), bn.draws)
+    out = {f"max_rho_flip_{k}_all_items": v for k, v in nul.items()}
+    out |= {f"max_rho_flip_{k}_sub": first_max[f"rho_flip_{k}"] for k in nul}
     out["noise_note"] = ""
     return out
 
