@@ -41,6 +41,7 @@ def _write(res, out: Path, as_json: bool = False) -> None:
 
 
 _JSON = typer.Option(False, "--json", help="print a JSON summary (runs, tasks, filters, models, items, rows, output)")
+_OUT = typer.Option(..., "--out", help="long table (.csv or .parquet)")
 
 
 def register(app: typer.Typer) -> None:
@@ -51,7 +52,7 @@ def register(app: typer.Typer) -> None:
     def lm_eval_cmd(
         paths: List[Path] = typer.Argument(..., help="lm-eval --output_path folders (written with --log_samples) "
                                                      "or results_*.json files"),
-        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        out: Path = _OUT,
         metric: Optional[str] = typer.Option(None, "--metric", help="per-sample metric (default acc)"),
         benchmark: Optional[str] = typer.Option(None, "--benchmark",
                                                 help="benchmark name for every task (default: from the task name)"),
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
     @imp.command("inspect")
     def inspect_cmd(
         logs: List[Path] = typer.Argument(..., help="Inspect eval logs (.eval/.json) or folders of them"),
-        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        out: Path = _OUT,
         metric: Optional[str] = typer.Option(None, "--metric", help="scorer name (default: the only one)"),
         benchmark: Optional[str] = typer.Option(None, "--benchmark",
                                                 help="benchmark name (default: from the task name)"),
@@ -83,7 +84,7 @@ def register(app: typer.Typer) -> None:
     def helm_cmd(
         runs: List[Path] = typer.Argument(..., help="HELM run folders (benchmark_output/runs/<suite>/<run>) or "
                                                     "folders above them"),
-        out: Path = typer.Option(..., "--out", help="long table (.csv or .parquet)"),
+        out: Path = _OUT,
         metric: Optional[str] = typer.Option(None, "--metric", help="per-instance stat (default exact_match)"),
         benchmark: Optional[str] = typer.Option(None, "--benchmark",
                                                 help="benchmark name (default: from the run name)"),
