@@ -101,6 +101,30 @@ def cell_stats(results: Path) -> dict:
     return {"cells": n, "tokens": tokens, "generated_tokens": gen, "peak_rss_mb": rss}
 
 
+LABEL = re.compile(r"^(?P<model>[^/]+)/(?P<benchmark>[^/]+)/(?P<config>[^/ ]+)/s\d+ ")
+
+
+def call_breakdown(results: Path, since: float | None) -> dict:
+    """Seconds of the workers' cell calls per model, template, shots, decoding, scoring and
+    model x template: where the cell time goes (a decode group's first cell carries the group)."""
+    from safetyrepro.worker.events import event_files, read_events
+
+    events, _ = read_events(event_files(results), since=since)
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for ev in events:
+        m = LABEL.match(str(ev.get("label", ""))) if ev.get("event") == "call" else None
+        if not m:
+            continue
+        template, decoding, shots, scoring = m["config"].split("-")
+        sec = float(ev.get("seconds", 0.0))
+        for axis, value in (("model", m["model"]), ("benchmark", m["benchmark"]), ("template", template),
+                            ("shots", shots), ("decoding", decoding), ("scoring", scoring),
+                            ("model_template", f"{m['model']} {template}"),
+                            ("model_shots", f"{m['model']} {shots}")):
+            out[axis][value] += sec
+    return {axis: {k: round(v, 1) for k, v in sorted(vals.items())} for axis, vals in out.items()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default=str(ROOT / "results"))
@@ -131,6 +155,7 @@ def main(argv=None) -> int:
         "generated_tokens": cells["generated_tokens"], "tokens": cells["tokens"],
         "worker_peak_rss_mb": cells["peak_rss_mb"],
         "scheduling_overhead_per_job_s": (wall - in_jobs) / parsed["n_jobs"] if parsed["n_jobs"] else None,
+        "cell_call_seconds_by": call_breakdown(results, parsed["first"]),
         "client_overhead_per_cell_s": ((parsed["per_stage"].get("cell", [0, 0])[1]
                                         + parsed["per_stage"].get("cell_bf16", [0, 0])[1]
                                         - workers["call_seconds"] - workers["load_seconds"])
@@ -151,6 +176,8 @@ def main(argv=None) -> int:
           f"{out['tokens']:,} tokens processed ({out['generated_tokens']:,} generated), "
           f"{out['tokens_per_s_in_cells'] or 0:,.0f} tokens/s")
     print(f"worker peak memory (max RSS): {out['worker_peak_rss_mb']:.0f} MB")
+    for axis, vals in out["cell_call_seconds_by"].items():
+        print(f"cell calls by {axis}: " + ", ".join(f"{k} {v:.0f} s" for k, v in vals.items()))
     print(f"Snakemake scheduling overhead: {out['scheduling_overhead_per_job_s']:.3f} s per job; "
           f"client + IPC per cell job: {out['client_overhead_per_cell_s']:.3f} s")
     return 0

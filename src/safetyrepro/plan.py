@@ -54,6 +54,8 @@ class Plan:
     cfg: RunConfig
     # model -> weights identity (weights_identity): read once per plan, or what a worker loaded
     _weights: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
+    # model -> compute dtype of the model a worker loaded (compute_dtype)
+    _loaded_dtype: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     # ---- paths ----------------------------------------------------------------------------
     @property
@@ -231,10 +233,13 @@ class Plan:
         return float(self.cfg.section("runtime")["device_wait_s"])
 
     def worker_key(self, model: str, quantization: str) -> str:
-        """One worker per (model, quantization, model source): a changed source loads afresh."""
+        """One worker per (model, quantization, compute dtype, model source): a changed source
+        or compute dtype loads afresh."""
+        from .models.compute_dtype import compute_dtype
         from .worker.state import make_key
 
-        return make_key(model, quantization, self.source_fingerprint(model)[:12])
+        dtype = compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device, quantization)
+        return make_key(model, quantization, dtype, self.source_fingerprint(model)[:12])
 
     # ---- fingerprints ---------------------------------------------------------------------
     @functools.cached_property
@@ -296,9 +301,35 @@ class Plan:
 
     def use_loaded_weights(self, model: str, info: dict) -> None:
         """Fingerprint ``model``'s cells with the weights a worker loaded (``info``: the
-        loaded model's record, :func:`.models.load.load_model`), not the folder's now."""
-        if self.cfg.model(model)["source"]["kind"] == "local" and info.get("model_key", model) == model:
+        loaded model's record, :func:`.models.load.load_model`), not the folder's now, and
+        with the dtype it computes in."""
+        if info.get("model_key", model) != model:
+            return
+        if self.cfg.model(model)["source"]["kind"] == "local":
             self._weights[model] = info.get("weights_hash")
+        if info.get("compute_dtype"):
+            self._loaded_dtype[model] = str(info["compute_dtype"])
+
+    @functools.cached_property
+    def device(self) -> str:
+        """The device cells run on (``runtime.device``; ``auto`` asks torch)."""
+        requested = str(self.cfg.section("runtime").get("device", "auto")).lower()
+        if requested in ("cpu", "cuda"):
+            return requested
+        from .models.load import resolve_device
+
+        return resolve_device(requested)
+
+    def compute_dtype(self, model: str, variant: str = "main") -> str:
+        """``bfloat16`` or ``float32``: what the model's cells compute in
+        (``runtime.cpu_compute_dtype``, :mod:`.models.compute_dtype`), resolved where the run is
+        planned; in a worker, what the model it loaded computes in."""
+        if model in self._loaded_dtype:
+            return self._loaded_dtype[model]
+        from .models.compute_dtype import compute_dtype
+
+        return compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device,
+                             self.quantization(model, variant))
 
     def source_fingerprint(self, model: str) -> str:
         """What model preparation depends on: the configured source and the weights identity
@@ -358,6 +389,8 @@ class Plan:
             # grouped heads without key/value copies vs transformers' copies: the same sums in
             # another order, so a bf16/NF4 token can differ (inference.attention)
             "grouped_attention": bool(self.cfg.section("runtime")["grouped_attention"]),
+            # bf16 or float32 arithmetic on the same weights (runtime.cpu_compute_dtype)
+            "compute_dtype": self.compute_dtype(model, variant),
             # decoded in one batch with these: in bf16/NF4 the batch can change a token
             "group": [list(g) for g in self.decode_group(benchmark, config_id, variant)],
             "rules_stamp": rules.stamp,

@@ -196,8 +196,12 @@ def cell_quantization(wildcards):
     return PLAN.quantization(wildcards.model, cell_variant(wildcards))
 
 
+PROGRESS = []
+
+
 onstart:
     from safetyrepro.models.load import require_device
+    from safetyrepro.progress import RunProgress, planned_shards
     from safetyrepro.run_summary import start_run
     from safetyrepro.scheduling import drop_local_rate_limiter
     from safetyrepro.runlock import hold_results_lock
@@ -213,15 +217,21 @@ onstart:
         sys.exit(2)
     drop_local_rate_limiter(workflow)
     start_run(RESULTS, RUN_ID)
+    # a line a minute: cells done and the time left, estimated from the cells done so far
+    PROGRESS.append(RunProgress(PLAN.results, planned_shards(PLAN)).start())
 
 
 onsuccess:
     from safetyrepro.run_summary import finish_run
 
+    for p in PROGRESS:
+        p.stop()
     finish_run(RESULTS, RUN_T0, ok=True, run_id=RUN_ID)
 
 
 onerror:
     from safetyrepro.run_summary import finish_run
 
+    for p in PROGRESS:
+        p.stop()
     finish_run(RESULTS, RUN_T0, ok=False, snakemake_log=log, run_id=RUN_ID)

@@ -14,8 +14,9 @@ no per-call dequantisation) and attention runs the engine's implementation
 (:mod:`safetyrepro.inference.attention`: grouped heads without copies, a batch's shared prefix
 read once); on other devices it runs transformers' ``sdpa`` with grouped heads attended without
 copies (``sdpa_grouped``). ``runtime.grouped_attention: false`` keeps transformers' copies of
-keys/values per query head (``sdpa_engine_repeat`` / ``sdpa``). ``info["nf4_matmul"]`` and
-``info["attention"]`` record what a model uses.
+keys/values per query head (``sdpa_engine_repeat`` / ``sdpa``). On a CPU an NF4/bf16 model
+computes in bf16 or float32 (``runtime.cpu_compute_dtype``, :mod:`.compute_dtype`).
+``info["nf4_matmul"]``, ``info["attention"]`` and ``info["compute_dtype"]`` record what a model uses.
 
 Device: ``runtime.device`` (``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else
 ``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``. A config
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError
+from .compute_dtype import compute_dtype, native_bf16
 from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
 from .prepare import prepare_model, recorded_weights_hash
 
@@ -134,7 +136,8 @@ def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
 
 def load_model(cfg, key: str, *, quantization: str | None = None,
                device: str | None = None, progress: bool = False,
-               cpu_engine: bool = True, grouped_attention: bool | None = None) -> LoadedModel:
+               cpu_engine: bool = True, grouped_attention: bool | None = None,
+               cpu_compute_dtype: str | None = None) -> LoadedModel:
     """Prepare (if needed) and load model ``key`` of run config ``cfg``.
 
     ``quantization`` / ``device`` default to the config's ``models.<key>.quantization`` and
@@ -142,7 +145,9 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
     load it (bitsandbytes' kernels, transformers' sdpa) also on a CPU: the baseline of
     ``benchmarks/bench_cpu_engine.py``. A model that fails to load raises ModelError naming
     the key and path. ``grouped_attention`` (default: ``runtime.grouped_attention``) selects
-    grouped heads without key/value copies (:mod:`safetyrepro.inference.attention`)."""
+    grouped heads without key/value copies (:mod:`safetyrepro.inference.attention`).
+    ``cpu_compute_dtype`` (default: ``runtime.cpu_compute_dtype``) picks bf16 or float32
+    arithmetic on a CPU for the same weights (:mod:`.compute_dtype`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -182,6 +187,11 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         nf4_matmul = BITSANDBYTES
         if dev == "cpu" and cpu_engine and dequantize_linear4bit(model):
             nf4_matmul = DEQUANTIZED
+    compute = compute_dtype(cpu_compute_dtype or runtime.get("cpu_compute_dtype", "auto"), dev, quant)
+    if compute == "float32" and dev == "cpu" and cpu_engine and model.dtype != torch.float32:
+        # the bf16 (or dequantised NF4) weights, exactly, in float32; nn.Module.to because
+        # transformers refuses to cast a model it loaded through bitsandbytes
+        torch.nn.Module.to(model, torch.float32)
     grouped = bool(runtime["grouped_attention"] if grouped_attention is None else grouped_attention)
     if dev != "cpu" or cpu_engine:  # cpu_engine=False: the model as transformers loads it
         use_attention(model, select_attention(engine=dev == "cpu", grouped=grouped))
@@ -202,6 +212,8 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "quantization": quant,
         "device": dev,
         "dtype": dtype_name,
+        "compute_dtype": str(model.dtype).removeprefix("torch."),
+        "cpu_native_bf16": native_bf16(),
         "torch_version": _version("torch"),
         "transformers_version": _version("transformers"),
         "bitsandbytes_version": _version("bitsandbytes"),

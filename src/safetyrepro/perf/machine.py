@@ -63,3 +63,13 @@ def describe(info: dict) -> str:
 def peak_rss_mib() -> float:
     """Peak resident set size of this process so far, MiB (Linux ru_maxrss is KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_features() -> dict:
+    """The CPU's bf16 support as the engine sees it (:mod:`safetyrepro.models.compute_dtype`) and
+    torch's kernel level: what decides a timing's meaning across CPU families."""
+    import torch
+
+    from ..models.compute_dtype import describe_cpu
+
+    return {**describe_cpu(), "aten_cpu_capability": torch.backends.cpu.get_cpu_capability()}
