@@ -57,11 +57,11 @@ def run_with_oom_fallback(rows: list[int], fn: Callable[[list[int]], dict], *, w
                           splits: list[Split] | None = None,
                           on_oom: Callable[[], None] | None = None) -> dict:
     """``fn(rows)`` -> {row: result}. On out-of-memory the batch is halved and each half run in
-        turn (down to single rows); a single row that still does not fit raises CellError.
+    turn (down to single rows); a single row that still does not fit raises CellError.
 
-        The retry runs outside the ``except`` block, whose traceback would keep the failed
-        attempt's tensors alive; :func:`free_memory` and ``on_oom`` (the caller's own caches) run
-        before the first half. Every split is appended to ``splits`` and reported on stderr."""
+    The retry runs outside the ``except`` block, whose traceback would keep the failed
+    attempt's tensors alive; :func:`free_memory` and ``on_oom`` (the caller's own caches) run
+    before the first half. Every split is appended to ``splits`` and reported on stderr."""
     out: dict = {}
     todo = [list(rows)]  # a stack: the first half runs (and splits further) before the second
     while todo:

@@ -165,10 +165,10 @@ def _sliding_layer_class():
 
 class ReservedSlidingLayer(_Buffered, _sliding_layer_class()):
     """A sliding-window cache layer (keeps the last ``window - 1`` positions) whose states live
-        in a buffer with room for ``extra`` positions beyond the window: :meth:`update` writes in
-        place and returns a view instead of concatenating and re-slicing the window every step.
-        When the buffer is full, the last ``window - 1`` positions move to its front. Returns the
-        same states as the plain layer and keeps its ``cumulative_length`` for the mask sizes."""
+    in a buffer with room for ``extra`` positions beyond the window: :meth:`update` writes in
+    place and returns a view instead of concatenating and re-slicing the window every step.
+    When the buffer is full, the last ``window - 1`` positions move to its front. Returns the
+    same states as the plain layer and keeps its ``cumulative_length`` for the mask sizes."""
 
     def __init__(self, layer, extra: int, rows: torch.Tensor | None = None):
         super().__init__(sliding_window=layer.sliding_window)
@@ -265,10 +265,10 @@ class _one_layer:  # a cache-like holder of one layer, for fork_cache
 
 def drop_rows(cache, keep: list[int]) -> list[int]:
     """Keep the rows ``keep`` (ascending) of a decoding cache, in place: kept rows move into the
-        holes of dropped ones and every layer's buffers are cut to ``len(keep)`` rows as views, so
-        memory does not double as with :func:`fork_cache`. Returns the new order (row ``r`` holds
-        old row ``order[r]``); the caller reorders its per-row state the same way. Layers not
-        written in place are row-selected (copied)."""
+    holes of dropped ones and every layer's buffers are cut to ``len(keep)`` rows as views, so
+    memory does not double as with :func:`fork_cache`. Returns the new order (row ``r`` holds
+    old row ``order[r]``); the caller reorders its per-row state the same way. Layers not
+    written in place are row-selected (copied)."""
     m = len(keep)
     kept = set(keep)
     holes = [i for i in range(m) if i not in kept]

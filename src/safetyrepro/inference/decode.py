@@ -146,11 +146,11 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
                          stats: DecodeStats | None = None) -> list[Generation]:
     """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
 
-        Each step feeds one token per seed as a column of the prompt's row; a 4D mask lets seed j
-        see only the prompt and its own earlier tokens, with the position ids it would have alone,
-        so each seed computes what a separate run computes while the prompt's keys/values are read
-        once. Rows are seed-major (row ``s * n + i`` = seed s of prompt i); finished seeds feed a
-        masked dummy token until their prompt's row leaves the batch."""
+    Each step feeds one token per seed as a column of the prompt's row; a 4D mask lets seed j
+    see only the prompt and its own earlier tokens, with the position ids it would have alone,
+    so each seed computes what a separate run computes while the prompt's keys/values are read
+    once. Rows are seed-major (row ``s * n + i`` = seed s of prompt i); finished seeds feed a
+    masked dummy token until their prompt's row leaves the batch."""
     n, k = logits.shape[0], n_seeds
     out = _Outputs(lm, n * k, max_new_tokens, t0)
     dev = mask.device
@@ -215,15 +215,15 @@ def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: 
                       n_seeds: int, max_new_tokens: int, slots: int, store=None,
                       stats: DecodeStats | None = None) -> list[Generation] | None:
     """Decode ``n_seeds`` streams of every sequence of ``seqs`` (longest first) as stream
-        columns of ``slots`` cache rows refilled from the queue: when a row's prompt has finished,
-        the next waiting prompt is prefilled into that row. Sequences are stream-major (``s * n +
-        i`` = stream s of prompt i), each with its own generator.
+    columns of ``slots`` cache rows refilled from the queue: when a row's prompt has finished,
+    the next waiting prompt is prefilled into that row. Sequences are stream-major (``s * n +
+    i`` = stream s of prompt i), each with its own generator.
 
-        The first ``slots`` prompts set the prefill columns (later ones are no longer and fit them
-        right-aligned); stream columns form a ring of ``n_seeds x max_new_tokens`` columns
-        (:func:`.cache.ring`) that a prompt never wraps onto while it runs, so the cache never
-        outgrows the first batch and its memory plan holds for the whole queue. Returns None where
-        the cache layers cannot run as a ring."""
+    The first ``slots`` prompts set the prefill columns (later ones are no longer and fit them
+    right-aligned); stream columns form a ring of ``n_seeds x max_new_tokens`` columns
+    (:func:`.cache.ring`) that a prompt never wraps onto while it runs, so the cache never
+    outgrows the first batch and its memory plan holds for the whole queue. Returns None where
+    the cache layers cannot run as a ring."""
     n, k, T = len(seqs), n_seeds, max_new_tokens
     dev = lm.device
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0

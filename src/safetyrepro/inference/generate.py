@@ -36,9 +36,9 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                         window_full: bool = True,
                         record: BatchRecord | None = None) -> dict[int, list[Generation]]:
     """Generate ``prompts`` once per seed: :func:`generate_streams` with one stream per seed.
-        Returns ``{seed: [Generation in input order]}``, in fp32 identical to separate
-        ``generate(..., seed=s)`` calls (in bf16/NF4 a batched forward's summation order can flip a
-        sampled token). Greedy (temperature 0) decodes once and copies the result to every seed."""
+    Returns ``{seed: [Generation in input order]}``, in fp32 identical to separate
+    ``generate(..., seed=s)`` calls (in bf16/NF4 a batched forward's summation order can flip a
+    sampled token). Greedy (temperature 0) decodes once and copies the result to every seed."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     if not seeds:
         raise ValueError("generate_multi_seed: no seeds")
@@ -68,19 +68,19 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                      budget: MemoryBudget | None = None,
                      refill: bool | None = None) -> list[list[Generation]]:
     """Decode every prompt under each of ``streams``; one list of generations (input order) per
-        stream. In fp32 a stream's outputs equal a separate call's.
+    stream. In fp32 a stream's outputs equal a separate call's.
 
-        ``stream_columns``: where the model takes a 4D mask, a prompt's streams decode as columns
-        of its one cache row (:func:`.decode.decode_stream_columns`), else as repeated rows, one
-        temperature/top_p kind at a time. ``store``: prefixes and prefills reused across calls
-        (:class:`.store.PrefillStore`). ``window_full``: run sliding-window layers as full
-        attention when the whole call fits in the window. ``budget``: the memory budget batches
-        are sized against (default: ``lm``'s device, less the store's bytes). ``record``
-        (:class:`.batching.BatchRecord`) receives the batch plan and every out-of-memory split.
-        ``refill`` (with stream columns): decode as one continuous batch whose finished rows take
-        the next queued prompt (:func:`.decode.decode_continuous`); default None = on for
-        accelerators, off on a CPU, where it saves no forwards once the ring wraps (benchmark:
-        benchmarks/bench_refill.py)."""
+    ``stream_columns``: where the model takes a 4D mask, a prompt's streams decode as columns
+    of its one cache row (:func:`.decode.decode_stream_columns`), else as repeated rows, one
+    temperature/top_p kind at a time. ``store``: prefixes and prefills reused across calls
+    (:class:`.store.PrefillStore`). ``window_full``: run sliding-window layers as full
+    attention when the whole call fits in the window. ``budget``: the memory budget batches
+    are sized against (default: ``lm``'s device, less the store's bytes). ``record``
+    (:class:`.batching.BatchRecord`) receives the batch plan and every out-of-memory split.
+    ``refill`` (with stream columns): decode as one continuous batch whose finished rows take
+    the next queued prompt (:func:`.decode.decode_continuous`); default None = on for
+    accelerators, off on a CPU, where it saves no forwards once the ring wraps (benchmark:
+    benchmarks/bench_refill.py)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:

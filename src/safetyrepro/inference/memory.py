@@ -95,11 +95,11 @@ def generation_footprint(dims: ModelDims, *, rows: int, width: int, prefix: int,
                          streams: int, max_new_tokens: int, columns: bool,
                          largest_kind: int = 1, grouped: bool = False) -> int:
     """Estimated peak bytes of one generation batch: ``rows`` prompts whose longest suffix after
-        the shared ``prefix`` has ``width`` tokens, each decoding ``streams`` streams of up to
-        ``max_new_tokens`` tokens, as stream columns (``columns``) or as repeated rows, one kind at
-        a time (``largest_kind``: the streams of the largest kind). ``grouped``: the model's
-        attention folds query heads (:data:`.attention.GROUPED` or :data:`.attention.NAME`), so a
-        mask is repeated per folded head instead of keys/values per query head."""
+    the shared ``prefix`` has ``width`` tokens, each decoding ``streams`` streams of up to
+    ``max_new_tokens`` tokens, as stream columns (``columns``) or as repeated rows, one kind at
+    a time (``largest_kind``: the streams of the largest kind). ``grouped``: the model's
+    attention folds query heads (:data:`.attention.GROUPED` or :data:`.attention.NAME`), so a
+    mask is repeated per folded head instead of keys/values per query head."""
     d = dims
     folds = d.q_heads // d.kv_heads
 

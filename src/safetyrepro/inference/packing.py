@@ -141,10 +141,10 @@ def first_fit_rows(sizes: list[int], width: int) -> list[list[int]]:
 
 def pack_rows(sizes: list[int], prefix_len: int = 0) -> list[list[int]]:
     """Rows for items of ``sizes`` columns: first-fit-decreasing at the row width (from the
-        longest item up to ``MAX_ROW_FACTOR`` times it, at most ``MAX_ROW_TOKENS``) that minimises
-        the estimated cost ``rows * width * (ATTN_WEIGHT + prefix_len + width)``. ``ATTN_WEIGHT``
-        approximates a token's linear-layer cost in units of one attended key; the choice is not
-        sensitive to it."""
+    longest item up to ``MAX_ROW_FACTOR`` times it, at most ``MAX_ROW_TOKENS``) that minimises
+    the estimated cost ``rows * width * (ATTN_WEIGHT + prefix_len + width)``. ``ATTN_WEIGHT``
+    approximates a token's linear-layer cost in units of one attended key; the choice is not
+    sensitive to it."""
     longest = max(sizes)
     best, best_cost = None, None
     widths = {longest} | {min(longest * k, max(MAX_ROW_TOKENS, longest))

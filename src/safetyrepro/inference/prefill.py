@@ -31,11 +31,11 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             select: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
 
-        With a detached ``prefix``, ``cache`` and ``attention_mask`` hold the rows' own columns and
-        every query also attends to the prefix (:mod:`.attention`). ``select = (rows, cols)``:
-        logits only at those positions, ``[len(rows), V]``, equal to ``forward(...)[rows, cols]``;
-        hidden states are gathered before the output projection so unread positions are not
-        projected."""
+    With a detached ``prefix``, ``cache`` and ``attention_mask`` hold the rows' own columns and
+    every query also attends to the prefix (:mod:`.attention`). ``select = (rows, cols)``:
+    logits only at those positions, ``[len(rows), V]``, equal to ``forward(...)[rows, cols]``;
+    hidden states are gathered before the output projection so unread positions are not
+    projected."""
     hook = None
     if select is not None:
         rows, cols = select
@@ -67,9 +67,9 @@ def positions(mask: torch.Tensor, last: int, offset: int = 0) -> torch.Tensor:
 class Prefix:
     """The token prefix shared by all sequences of a call, prefilled once.
 
-        ``detached``: batch caches and masks cover only their own columns, position ids start at
-        ``len(prefix)`` and :func:`forward` attends to the prefix. Otherwise each batch starts from
-        a fork of :attr:`cache` expanded to its rows."""
+    ``detached``: batch caches and masks cover only their own columns, position ids start at
+    ``len(prefix)`` and :func:`forward` attends to the prefix. Otherwise each batch starts from
+    a fork of :attr:`cache` expanded to its rows."""
     ids: list[int]
     cache: object | None  # cache of ``ids`` for batch size 1; None when there is no prefix
     detached: bool = False
@@ -124,11 +124,11 @@ def build_prefix(lm, seqs: list[list[int]], caps: Capabilities, *, enabled: bool
 def prefill(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities, *,
             packed: bool = True, store: PrefillStore | None = None):
     """Run ``seqs`` (each starting with ``prefix.ids``) as one left-padded batch on top of the
-        prefix. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 mask over all
-        cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix) and the float32 logits
-        of each row's last token ``[B, V]``. ``packed`` (where ``caps.mask_4d``): no padding is
-        computed (:func:`prefill_packed`); same layout either way. With a ``store``, a batch
-        prefilled before is taken from it: callers must not write into the returned cache."""
+    prefix. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 mask over all
+    cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix) and the float32 logits
+    of each row's last token ``[B, V]``. ``packed`` (where ``caps.mask_4d``): no padding is
+    computed (:func:`prefill_packed`); same layout either way. With a ``store``, a batch
+    prefilled before is taken from it: callers must not write into the returned cache."""
     if store is not None:
         key = ("batch", len(prefix), prefix.detached, caps.window_as_full, packed,
                tuple(map(tuple, seqs)))

@@ -143,10 +143,10 @@ class _Sampler:
 
     def _draw_rows(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
         """The inverse-CDF draw (``top_p == 1``) one row at a time on the CPU, so a row's
-                exponentials stay in cache instead of streaming ``[rows, V]`` tensors through memory.
-                Float64 sums of blocks of 1,024 exponentials locate the block where u times the row
-                total falls, then a cumulative sum within it the token. Same draw as the batch version
-                up to the rounding of the cumulative sums and the :data:`EXP_FLOOR` clamp."""
+        exponentials stay in cache instead of streaming ``[rows, V]`` tensors through memory.
+        Float64 sums of blocks of 1,024 exponentials locate the block where u times the row
+        total falls, then a cumulative sum within it the token. Same draw as the batch version
+        up to the rounding of the cumulative sums and the :data:`EXP_FLOOR` clamp."""
         n, v = logits.shape
         bs = self._BLOCK
         nb = -(-v // bs)

@@ -94,9 +94,9 @@ def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
                      method: str = "auto", store=None, record=None) -> list[list[CandidateScore]]:
     """Score ``candidates[i][j]`` as a continuation of ``contexts[i]``; scores in input order.
 
-        ``method``: ``"packed"``, ``"fork"`` or ``"auto"`` (packed where the model supports it).
-        ``store``: a :class:`.store.PrefillStore` whose prefixes are reused. ``record``: a
-        :class:`.batching.BatchRecord` that receives every out-of-memory split."""
+    ``method``: ``"packed"``, ``"fork"`` or ``"auto"`` (packed where the model supports it).
+    ``store``: a :class:`.store.PrefillStore` whose prefixes are reused. ``record``: a
+    :class:`.batching.BatchRecord` that receives every out-of-memory split."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
     ctx_ids, cont_ids = _encode(lm, contexts, candidates)

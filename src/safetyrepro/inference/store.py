@@ -7,12 +7,12 @@ import torch
 
 class PrefillStore:
     """Prefills kept across calls on one model, least recently used out first, within a byte
-        budget (keys/values, masks and logits counted).
+    budget (keys/values, masks and logits counted).
 
-        The cells of a (template, shots) pair render the same prompts under every decoding, and
-        free-form and logprob cells share few-shot prefixes, so the worker passes one store per
-        model to :func:`build_prefix` and :func:`prefill`. Entries are never written after they
-        are stored and a prefill is deterministic, so a hit equals recomputing."""
+    The cells of a (template, shots) pair render the same prompts under every decoding, and
+    free-form and logprob cells share few-shot prefixes, so the worker passes one store per
+    model to :func:`build_prefix` and :func:`prefill`. Entries are never written after they
+    are stored and a prefill is deterministic, so a hit equals recomputing."""
 
     def __init__(self, max_bytes: int = 2 << 30):
         from collections import OrderedDict
