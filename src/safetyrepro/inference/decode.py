@@ -98,8 +98,8 @@ class _Outputs:
 
 
 # Finished rows leave a decoding cache in place (:func:`.cache.drop_rows`); False: through a
-# row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the path before it, kept
-# for the equality tests.
+# row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the reference the
+# equality tests compare the in-place path against.
 IN_PLACE_DROP = True
 
 
