@@ -1,18 +1,16 @@
 """Attention for the engine: a shared prefix kept out of the batch caches, and grouped
 query heads without key/value copies.
 
-The prompts of a cell mostly share a prefix (:func:`.prefill.build_prefix`). Inside
-:func:`shared_prefix`, :func:`engine_attention` (:data:`NAME`) lets every query attend to the
-prefix's keys/values, stored once, plus the row's own cached columns, merged by log-sum-exp
-(float32, as the fused CPU kernel accumulates); what it cannot combine with a prefix (per-head
-masks, position biases, soft-capping) raises. Full-attention models only
-(:attr:`.capabilities.Capabilities.detached_prefix`). :func:`grouped_attention`
-(:data:`GROUPED`) folds each key/value head's query heads into the query axis instead of
-expanding keys/values per query head (``repeat_kv``), which transformers' ``sdpa`` does under
-a 4D mask with several queries per row; torch's ``enable_gqa`` is not used because with a mask
-it falls back to the math kernel on CUDA. Both equal ``sdpa`` up to summation order (tested).
-A model's implementation is its ``attention`` (recorded in each shard): ``sdpa``,
-:data:`GROUPED`, :data:`NAME` or :data:`NAME_REPEAT` (``runtime.grouped_attention: false``).
+Inside :func:`shared_prefix`, :func:`engine_attention` (:data:`NAME`) lets every query attend
+to the call's shared prefix (:func:`.prefill.build_prefix`), stored once, plus the row's own
+cached columns, merged by log-sum-exp in float32; what it cannot combine with a prefix
+(per-head masks, position biases, soft-capping) raises. Full-attention models only
+(:attr:`.capabilities.Capabilities.detached_prefix`). :func:`grouped_attention` (:data:`GROUPED`)
+folds each key/value head's query heads into the query axis instead of the per-head key/value
+copies (``repeat_kv``) that ``sdpa`` makes under a 4D mask; torch's ``enable_gqa`` is not used,
+as with a mask it leaves CUDA's fused kernels. Both equal ``sdpa`` up to summation order. A
+model's ``attention`` (recorded in each shard) is ``sdpa``, :data:`GROUPED`, :data:`NAME` or
+:data:`NAME_REPEAT` (``runtime.grouped_attention: false``).
 """
 
 from __future__ import annotations
