@@ -1,12 +1,10 @@
 """`safetyrepro certify`: the metric core pointed at anyone's long score table.
 
-Input: CSV or Parquet with columns ``model, benchmark, config, score`` (or axis columns joined
-into ``config`` by ``--config-cols``); every problem is a DataError naming the file. Without an
-``item`` column the table is config-level: sign counts, rho_flip, D1/D2, orderings and tau_R,
-and the significance columns say why they are unavailable. With one it is item-level: cell
-scores are item means (exact for fractions k/q, q <= 1000) and :mod:`.metrics.significance`
-adds noise references, per-config tests, rho_flip_sig, crossover, power and the item
-bootstrap. With axis columns, ``--nominal CONFIG`` adds the nearest reversing configuration
+Input: CSV or Parquet with ``model, benchmark, config, score`` (or axis columns joined into
+``config``, ``--config-cols``); every problem is a DataError naming the file. A config-level
+table gets sign counts, rho_flip, D1/D2, orderings and tau_R; an item-level one (an ``item``
+column; exact cell scores for fractions k/q, q <= 1000) also everything of
+:mod:`.metrics.significance`. ``--nominal`` adds the nearest reversing configuration
 (:mod:`.metrics.reversal`). Usage: docs/GUIDE.md.
 """
 

@@ -1,12 +1,10 @@
 """GRID cards: one disclosure card per (model, benchmark), as JSON and Markdown.
 
 A card states what is needed to reproduce or judge a reported score: the model and its
-numerics, the envelope, the item subset, rules stamp and code versions, the score range,
-rho_flip and Prop. 1's verdict against every other model, and, when their tables are given,
-the item-level significance, the nearest reversing configuration, the precision check, the
-cross-package comparison and the scale probe. The per-(model, benchmark) provenance comes from
-the run: ``{model: {benchmark: Provenance}}``, ``{(model, benchmark): Provenance}`` or the path
-of a JSON/YAML file holding the nested form.
+numerics, envelope, item subset, stamps, score range, rho_flip and Prop. 1's verdict against
+every other model, plus the tables given (significance, nearest reversal, precision check,
+cross-package, scale probe). Provenance comes from the run: ``{model: {benchmark: record}}``,
+``{(model, benchmark): record}`` or a JSON/YAML file with the nested form.
 """
 
 from __future__ import annotations

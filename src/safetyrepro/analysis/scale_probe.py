@@ -1,14 +1,10 @@
 """The scale probe: does swapping a model for its larger sibling reverse a verdict?
-(docs/VERDICTS.md section 9)
 
-A family is a (small, large) pair of the run's models. Per benchmark, over the configs of one
-sub-envelope (default ``conservative_core``) that every model has, and on the run's items (a
-bounded statement, not a claim about scale in general): ``scale_probe`` compares, for every
-third model C, small's and large's strict signs against C (a reversal at c when one is ahead
-of C and the other behind; significant when both differences are significant in opposite
-directions by ``significance_configs``), and ``scale_probe_pairs`` counts small vs large
-directly (N+, N-, N0, rho_flip, and their significant counterparts). A benchmark with no
-config in the sub-envelope gets rows with |C| = 0 and a note.
+Per benchmark and family (small, large), over the configs of one sub-envelope (default
+``conservative_core``) that every model has, on the run's items: a bounded statement, not a
+claim about scale in general. ``scale_probe`` compares small's and large's strict signs
+against every third model (significant where ``significance_configs`` says so both ways);
+``scale_probe_pairs`` counts small vs large directly. Definitions: docs/VERDICTS.md section 9.
 """
 
 from __future__ import annotations

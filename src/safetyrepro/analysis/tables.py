@@ -1,12 +1,10 @@
 """The paper's tables from the cell-score table, built on :mod:`safetyrepro.metrics`.
 
-Table 2 (per benchmark and pair over the full envelope), Table 3 (per scoring slice; logprob
-exists only under greedy, so ``freeform_greedy`` is the slice matched to it on decoding),
-Table 4 (max rho_flip and orderings on the envelopes of :func:`table4_envelopes`), parse-clean
-configs, tau_R with the order change rate, the nearest reversing configuration, and a
-percentile bootstrap over configurations (:func:`bootstrap_rho`; the item-level spread is
-:mod:`safetyrepro.metrics.significance`'s). Pairs are (A, B) with A < B by name; configs
-missing a cell for some model are dropped first (recorded in the metadata).
+Tables 2 (full envelope), 3 (per scoring slice; ``freeform_greedy`` is the free-form slice
+matched to logprob, which exists only under greedy) and 4 (the envelopes of
+:func:`table4_envelopes`), parse-clean configs, tau_R with the order change rate, the nearest
+reversing configuration and a bootstrap over configurations (:func:`bootstrap_rho`). Pairs are
+(A, B) with A < B by name; configs missing a cell for some model are dropped first.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """The cross-package stage: the nominal configuration scored by several evaluation packages on
 the run's own items and model folders, and how far their scores and orderings disagree.
 
-Packages (docs/CROSS_PACKAGE.md shows a rendered prompt of each): the run's own nominal cells
-(``safetyrepro-freeform`` / ``-logprob``), lm-eval's own task definitions with only the data
-source switched to the run's items, and Inspect's ``multiple_choice`` solver with the ``choice``
-scorer (inspect-evals does not install from this machine's package index). Per (package,
-benchmark, model): the score, the object scored, a hash of the first rendered prompt and the
-per-item agreement with the nominal free-form cell; per benchmark: the spread across packages
-(percentage points) and whether the model ordering changes.
+Packages (docs/CROSS_PACKAGE.md): the run's own nominal cells, lm-eval's own task definitions
+with only the data source switched, and Inspect's ``multiple_choice`` solver with its
+``choice`` scorer. Per (package, benchmark, model): the score, the object scored, a prompt hash
+and the per-item agreement with the nominal free-form cell; per benchmark: the spread across
+packages and whether the model ordering changes.
 """
 
 from __future__ import annotations
