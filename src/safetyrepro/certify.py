@@ -1,27 +1,11 @@
 """`safetyrepro certify`: the metric core pointed at anyone's long score table.
 
-Accepted input: CSV or Parquet with columns ``model, benchmark, config, score``, or axis
-columns instead of ``config`` (``--config-cols template,decoding,shots,scoring``: the config
-id is their values joined by '-'). Every problem is reported as a DataError naming the file.
-
-Two levels:
-
-* config-level (no ``item`` column): one score per (model, benchmark, config). Sign counts,
-  rho_flip, D1/D2, orderings and tau_R; ties by :mod:`.metrics.compare`'s rule for floats
-  (1e-12 relative, or ``--tol``). The significance columns need item scores and are reported
-  as unavailable, with the reason.
-* item-level (an ``item`` column): one score per (model, benchmark, config, item), a sampled
-  cell's item score being its seed mean. The cell score is the mean over items (exact when the
-  item scores are fractions k/q, q <= 1000, e.g. 0/1 or k/5), and everything of
-  :mod:`.metrics.significance` is added: the noise references of rho_flip, orderings and the
-  order change rate (two exchangeable models), per-config sign-flip tests with a family-wise
-  correction (step-down max-T by default), rho_flip_sig, the crossover decision, power (the
-  minimum detectable difference) and the item-bootstrap spread of rho_flip.
-
-With axis columns, ``--nominal CONFIG`` adds the nearest reversing configuration per
-benchmark and pair (:mod:`safetyrepro.metrics.reversal`): the fewest axis-column changes from
-CONFIG (a config id, i.e. the axis values joined by '-') to a config where the verdict at
-CONFIG is strictly reversed and, with item-level input, significantly reversed.
+Input: CSV or Parquet with ``model, benchmark, config, score`` (or axis columns joined into
+``config``, ``--config-cols``); every problem is a DataError naming the file. A config-level
+table gets sign counts, rho_flip, D1/D2, orderings and tau_R; an item-level one (an ``item``
+column; exact cell scores for fractions k/q, q <= 1000) also everything of
+:mod:`.metrics.significance`. ``--nominal`` adds the nearest reversing configuration
+(:mod:`.metrics.reversal`). Usage: docs/GUIDE.md.
 """
 
 from __future__ import annotations
@@ -296,10 +280,9 @@ def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = Non
             tol: float | None = None, *, alpha: float = 0.05, samples: int | None = None, seed: int = 0,
             nominal: str | None = None, family: str = "pair", correction: str = "maxt") -> CertifyResult:
     """Verdict metrics of an external table: a CSV/Parquet path or a DataFrame with the same
-    columns (named ``<DataFrame>`` in errors; see the module doc for the two levels). Without
-    ``tol``, float scores equal within 1e-12 relative tie (exact fractions recovered from
-    item-level 0/1 or k/q scores compare exactly); ``tol > 0``: |difference| <= tol ties, for
-    every quantity (sign counts, orderings, tau_R, significance). ``samples=None`` picks the
+    columns (named ``<DataFrame>`` in errors). Without ``tol``, float scores equal within 1e-12
+    relative tie (exact fractions recovered from item-level scores compare exactly);
+    ``tol > 0``: |difference| <= tol ties, for every quantity. ``samples=None`` picks the
     resampling count so every corrected p can reach alpha; ``family`` (pair | benchmark |
     table) and ``correction`` (maxt | holm) set the multiplicity family and its correction."""
     from .metrics.significance import Settings

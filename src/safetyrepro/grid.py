@@ -87,11 +87,9 @@ PRECISION_ENVELOPE = "conservative_core"
 
 def precision_configs(rules: Rules, benchmark: str, envelope: str = PRECISION_ENVELOPE) -> list[Config]:
     """The configs of ``benchmark`` the BF16 vs NF4 precision check compares: the sub-envelope's
-    valid configs; a benchmark with none of them (CrowS-Pairs: logprob only, while the
-    conservative core is free-form) takes the sub-envelope's zero-shot configs with its own
-    scoring instead (CrowS-Pairs is scored zero-shot by the harnesses that ship it). With the
-    project's rules: 4 free-form configs per free-form benchmark and T1/T2-greedy-k0-logprob
-    for CrowS-Pairs, 18 (benchmark, config) pairs on five benchmarks (docs/VERDICTS.md)."""
+    valid configs, or, for a benchmark with none (CrowS-Pairs: logprob only, while the
+    conservative core is free-form), the sub-envelope's zero-shot configs with its own scoring,
+    as the harnesses that ship it score it zero-shot (docs/VERDICTS.md section 8)."""
     own = configs(rules, benchmark, envelope)
     if own:
         return own

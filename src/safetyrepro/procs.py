@@ -14,11 +14,10 @@ from pathlib import Path
 def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` exists and has not finished exiting.
 
-    A zombie thread-group leader is still alive while other threads of its process exist: in
-    a multi-threaded exit the leader turns into a zombie first, and the process's descriptors
-    are closed only when its last thread is gone (reading that leader as dead let a caller
-    see a worker gone whose device lock was still held). A zombie with no thread left, reaped
-    or not, is dead. A process of another user counts as alive."""
+    A zombie thread-group leader counts as alive while other threads of its process exist:
+    its descriptors (and the flocks on them, such as a worker's device lock) close only when
+    the last thread is gone. A zombie with no thread left is dead; a process of another user
+    counts as alive."""
     if pid <= 0:
         return False
     try:

@@ -1,12 +1,10 @@
 """What a cell asks of the model: its items, template, few-shot exemplars and scoring path
 turned into model requests (the project's counterpart of lm-eval's ``Instance``).
 
-A free-form cell asks for generations of one prompt per item (the chat-formatted messages of
-:meth:`.tasks.Task.build_messages`) up to ``max_new_tokens``; a logprob cell asks for the
-log-likelihood of each candidate continuation of one context per item
-(:meth:`.tasks.Task.logprob_request`). The cells (:mod:`.cells`) and the benchmark workloads
-(:mod:`.perf.workload`) both build their requests here, so a benchmark measures the prompts a
-run sends."""
+Free-form: one chat-formatted prompt per item (:meth:`.tasks.Task.build_messages`) up to
+``max_new_tokens``; logprob: one context and its candidate continuations per item
+(:meth:`.tasks.Task.logprob_request`). The cells and the benchmark workloads
+(:mod:`.perf.workload`) both build requests here, so a benchmark measures what a run sends."""
 
 from __future__ import annotations
 

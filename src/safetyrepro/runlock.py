@@ -1,13 +1,10 @@
 """One run at a time per results folder.
 
-Snakemake's own lock lives in the working directory (``.snakemake/locks``), so two checkouts
-whose configs name the same absolute ``runtime.results_dir`` could run at once and write the
-same shards and tables. A run therefore takes an exclusive ``flock`` on
-``<results_dir>/.safetyrepro.lock`` when its jobs are about to start (the workflow's
-``onstart``; a dry run takes none) and holds it until its Snakemake process exits (the
-descriptor is close-on-exec: jobs and workers do not inherit it; a killed run releases it with
-its process). A second run fails before any job with :class:`ResultsInUse`, naming the
-holder (pid, host, run id, config, since when). flock works across NFS clients on Linux.
+Snakemake's lock lives in the working directory, so two checkouts naming the same
+``runtime.results_dir`` could write the same shards at once. A run therefore holds an
+exclusive ``flock`` on ``<results_dir>/.safetyrepro.lock`` from ``onstart`` until its Snakemake
+process exits (close-on-exec, so jobs and workers do not inherit it); a second run fails
+before any job with :class:`ResultsInUse` naming the holder. flock works across NFS on Linux.
 """
 
 from __future__ import annotations

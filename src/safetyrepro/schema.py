@@ -1,10 +1,9 @@
 """JSON-Schema validation of YAML inputs with one clear error naming file and field.
 
 Stricter than plain JSON Schema where Python's reading of it lets nonsense through: a
-``number`` is finite (``minimum`` lets NaN and infinity pass), an ``integer`` is a Python int
-(``2.0`` would pass and break ``range``), a ``pattern`` anchor ``$`` matches only at the very
-end (Python's ``$`` also matches before a final newline, so ``"abc\n"`` passed), and mapping
-keys are strings. Everything is checked when the config is loaded, before any job runs."""
+``number`` is finite, an ``integer`` is a Python int (``2.0`` would break ``range``), a
+``pattern``'s ``$`` anchors only at the very end (Python's ``$`` also matches before a final
+newline), and mapping keys are strings. The config is checked on load, before any job runs."""
 
 from __future__ import annotations
 

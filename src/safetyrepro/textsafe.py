@@ -1,13 +1,10 @@
 """Untrusted text stays text: names read from input files (models, benchmarks, items, configs)
 shown on a terminal, in Markdown/HTML or in a spreadsheet cannot act there.
 
-* :func:`terminal_safe`: control characters (ESC of ANSI sequences, CR, BEL, NUL, the C1
-  range) and invisible format characters (bidi overrides, as in "Trojan source") are written
-  as visible escapes (``\\x1b``, ``\\u202e``), so a model named ``"\\x1b[2J"`` cannot clear the
-  screen or recolour the output, and a name cannot hide behind another.
-* :func:`markdown_safe`: the above, HTML-escaped, with Markdown's table and link syntax
-  escaped, for report tables.
-* Spreadsheet formulas: :func:`safetyrepro.io.spreadsheet_safe`, applied by ``io.write_csv``.
+:func:`terminal_safe` writes control and invisible format characters (ANSI escapes, bidi
+overrides) as visible escapes (``\\x1b``, ``\\u202e``); :func:`markdown_safe` adds HTML
+escaping and escapes Markdown's table and link syntax; spreadsheet formulas are neutralised by
+:func:`safetyrepro.io.spreadsheet_safe` in ``io.write_csv``.
 """
 
 from __future__ import annotations

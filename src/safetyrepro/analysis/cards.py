@@ -1,21 +1,10 @@
 """GRID cards: one disclosure card per (model, benchmark), as JSON and Markdown.
 
-A card states everything needed to reproduce or judge a reported score: the model (id,
-weights hash, quantization, device, chat template hash, numerics: dtype, matmul and attention
-paths, library versions; the batch plans and any out-of-memory splits), the envelope (templates with text hashes, decodings,
-shots, scoring paths, parser version), the item subset (hash, id list), the rules stamp and
-code versions, the envelope's score range, rho_flip against every other model and the
-verdict of Prop. 1 (D1: no strict reversal; D2: a single sign verdict), and beside rho_flip its
-item-level counterpart rho_flip_sig with the crossover test and the pattern (stable, reversals
-within noise, one-sided, significant reversals both ways) from the ``significance`` table,
-when it is given, the nearest reversing configuration from the nominal config
-(``nearest_reversal`` table, docs/VERDICTS.md), when it is given, and the BF16 vs NF4 precision
-check (``precision`` and ``precision_cells`` tables: this model's |diff| on the benchmark, the
-benchmark's ordering agreement), when it is given.
-
-The per-(model, benchmark) provenance comes from the run (the lead passes it): a mapping
-``{model: {benchmark: Provenance}}`` or ``{(model, benchmark): Provenance}``, or the path of a
-JSON/YAML file holding the nested form.
+A card states what is needed to reproduce or judge a reported score: the model and its
+numerics, envelope, item subset, stamps, score range, rho_flip and Prop. 1's verdict against
+every other model, plus the tables given (significance, nearest reversal, precision check,
+cross-package, scale probe). Provenance comes from the run: ``{model: {benchmark: record}}``,
+``{(model, benchmark): record}`` or a JSON/YAML file with the nested form.
 """
 
 from __future__ import annotations

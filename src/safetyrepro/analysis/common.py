@@ -1,11 +1,9 @@
 """Shared plumbing of the analyses: reading the cell-score and item-result tables with
 validation, provenance metadata for every output, and writing a table as Parquet + CSV.
 
-Every analysis output is a Parquet file whose ``safetyrepro`` metadata copies the
-``rules_stamp``, ``config_hash`` and ``code_version`` of its source table (so a number can be
-traced to the run that produced it), adds the code version of the analysis itself, the source
-paths and the parameters. The CSV next to it is a plain view of the same rows for people and
-spreadsheets; the Parquet file is the stamped record.
+An output's Parquet metadata copies its source table's ``rules_stamp``, ``config_hash`` and
+``code_version`` and adds the analysis' own code version, source paths and parameters, so a
+number can be traced to its run; the CSV beside it is a plain view of the same rows.
 """
 
 from __future__ import annotations

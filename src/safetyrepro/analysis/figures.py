@@ -1,22 +1,9 @@
 """Figures of the report, drawn from the analysis tables (matplotlib, Agg backend).
 
-* ``rho_heatmap.png``: rho_flip per benchmark (rows) and model pair (columns) plus the max.
-* ``rho_significance.png``: per benchmark and pair, rho_flip beside rho_flip_sig (reversals
-  significant on the items), rho_flip's item-bootstrap interval, coloured and labelled by
-  pattern, so reversals all within noise look different from significant reversals both ways.
-* ``orderings.png``: orderings reachable (of n!) and max rho_flip on Table 4's envelopes.
-* ``anova_shares.png``: stacked shares of total SS per benchmark (free-form ANOVA).
-* ``shap_summary.png``: SHAP share per axis for the score regressor and each pair's sign
-  classifier, per benchmark.
-* ``consistency.png``: consistency (correct in every config) vs mean score per (model,
-  benchmark), with the OLS line and the random baseline p^m.
-* ``item_sd.png``: per benchmark, the distribution over items of each item's score SD across
-  the configs, one step histogram per model (``robustness_item_sd_hist``).
-
-Each PNG carries the source tables' provenance (rules stamp, config hash, code version), its
-own code stamp and its source table's, in its text metadata and is written atomically; a
-figure drawn from a table written by other code than the current one says STALE in a corner
-and in that metadata (``stale``).
+One PNG per entry of :data:`.outputs.FIGURES` (rho_flip heatmap and significance, orderings,
+ANOVA shares, SHAP summary, consistency, item SDs). Each carries its source tables'
+provenance and its own code stamp in its text metadata and is written atomically; a figure
+drawn from a table written by other code says STALE in a corner and in that metadata.
 """
 
 from __future__ import annotations
@@ -86,6 +73,7 @@ def _annotated_heatmap(ax, data: pd.DataFrame, vmin: float, vmax: float, cmap: s
 
 
 def rho_heatmap(t2: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``rho_heatmap.png``: rho_flip per benchmark (rows) and model pair (columns) plus the max."""
     plt = _plt()
     mat = t2.pivot(index="benchmark", columns="pair", values="rho_flip")
     mat["max over pairs"] = t2.groupby("benchmark")["max_rho_flip"].first()
@@ -110,6 +98,9 @@ PATTERN_STYLE = {   # pattern -> (colour of the rho_flip_sig bar, hatch of the r
 
 
 def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``rho_significance.png``: per benchmark and pair, rho_flip beside rho_flip_sig and its
+    item-bootstrap interval, coloured by pattern, so reversals within noise look different
+    from significant reversals both ways."""
     plt = _plt()
     from matplotlib.patches import Patch
 
@@ -152,6 +143,7 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
 
 
 def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``orderings.png``: orderings reachable (of n!) and max rho_flip on Table 4's envelopes."""
     plt = _plt()
     benches = sorted(t4["benchmark"].unique())
     envs = list(dict.fromkeys(t4["envelope"]))
@@ -199,6 +191,7 @@ def orderings_chart(t4: pd.DataFrame, meta: dict, path: Path) -> Path:
 
 
 def anova_chart(anova: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``anova_shares.png``: stacked shares of the total SS per benchmark (free-form ANOVA)."""
     plt = _plt()
     a = anova.sort_values("benchmark").reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(a) + 2.2))
@@ -234,6 +227,8 @@ def anova_chart(anova: pd.DataFrame, meta: dict, path: Path) -> Path:
 
 
 def shap_chart(shap_df: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``shap_summary.png``: SHAP share per axis for the score regressor and each pair's sign
+    classifier, per benchmark."""
     plt = _plt()
     d = shap_df.copy()
     d["row"] = d["benchmark"] + "  " + d["target"].str.replace("sign(", "flip ", regex=False).str.rstrip(")")
@@ -256,6 +251,8 @@ def shap_chart(shap_df: pd.DataFrame, meta: dict, path: Path) -> Path:
 
 
 def consistency_chart(rob: pd.DataFrame, reg: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``consistency.png``: consistency vs mean score per (model, benchmark), with the OLS line
+    and the random baseline p^m."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
     benches = sorted(rob["benchmark"].unique())
@@ -295,6 +292,8 @@ def consistency_chart(rob: pd.DataFrame, reg: pd.DataFrame, meta: dict, path: Pa
 
 
 def item_sd_chart(hist: pd.DataFrame, meta: dict, path: Path) -> Path:
+    """``item_sd.png``: per benchmark, the distribution over items of each item's score SD across
+    the configs, one step histogram per model."""
     plt = _plt()
     benches = sorted(hist["benchmark"].unique())
     models = sorted(hist["model"].unique())

@@ -1,11 +1,10 @@
-"""What each analysis step writes, by name: the one list that a step's code writes and that its
-workflow rule declares (``workflow/rules/analysis.smk`` and ``report.smk`` import it, as the
-aggregation rules import :func:`safetyrepro.plan.aggregate_outputs`).
+"""What each analysis step writes, by name: the one list that a step's code writes and its
+workflow rule declares (``workflow/rules/analysis.smk`` and ``report.smk`` import it).
 
-A *step* is a ``safetyrepro analyze`` command. Table steps write every table twice, as
-``<name>.parquet`` (stamped) and ``<name>.csv``; the figures step one ``<name>.png`` per
-figure; the cards step one JSON and one Markdown card per (model, benchmark) and an index.
-This module imports nothing heavy, so the Snakefile reads it at no cost."""
+A step is a ``safetyrepro analyze`` command: table steps write ``<name>.parquet`` (stamped)
+and ``<name>.csv``, the figures step ``<name>.png``, the cards step a JSON and a Markdown card
+per (model, benchmark) and an index. Nothing heavy is imported, so the Snakefile reads it
+at no cost."""
 
 from __future__ import annotations
 

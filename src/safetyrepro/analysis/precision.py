@@ -1,15 +1,10 @@
 """BF16 vs NF4: does the main run's 4-bit quantization move scores or verdicts?
 
-Inputs: the main cell-score table and a cell-score table of a BF16 rerun of the precision
-check's cells. Cells are paired on (model, benchmark, config), restricted to the precision
-check's configs (:func:`safetyrepro.grid.precision_configs`: the ``conservative_core``
-sub-envelope of the envelope rules, and for CrowS-Pairs, which has no free-form path, its
-zero-shot logprob twins; 18 (benchmark, config) pairs with the project's rules). Per benchmark
-and over all benchmarks (``benchmark == "ALL"``): median / mean / max of |score_main -
-score_bf16| over paired cells, and over paired configs (benchmark x config present for every
-model in both tables) on how many the model ordering matches (``orderings_agree``: "k of K").
-Orderings are compared as rank vectors with ties (|difference| <= tol counts as a tie), so a
-tie in one table and a strict order in the other is a mismatch.
+Cells of the main table and of a BF16 rerun are paired on (model, benchmark, config) over the
+precision check's configs (:func:`safetyrepro.grid.precision_configs`). Per benchmark and over
+all (``"ALL"``): median / mean / max |score_main - score_bf16|, and on how many paired configs
+the model ordering matches, compared as rank vectors with ties, so a tie in one table and a
+strict order in the other is a mismatch. Definitions: docs/VERDICTS.md section 8.
 """
 
 from __future__ import annotations

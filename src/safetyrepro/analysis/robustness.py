@@ -1,35 +1,12 @@
-"""Robustness as task competence (Ashury-Tahan et al. 2026, "Robustness as an Emergent
-Property of Task Performance", arXiv:2602.03344), per model x benchmark over its envelope.
+"""Robustness as task competence (Ashury-Tahan et al. 2026, arXiv:2602.03344), per model x
+benchmark over its envelope (docs/VERDICTS.md section 7).
 
-The configs of a row (m of them) are the benchmark's free-form configs that the model has;
-a benchmark without a free-form path (CrowS-Pairs) uses its logprob configs (column
-``scoring``). Definitions (docs/VERDICTS.md, section 7):
-
-* Consistency (the paper's): the share of items answered correctly in all m configs. Each
-  config contributes ONE answer per item, seed 0 (for greedy configs the only seed, for sampled
-  configs the first; one seed keeps greedy and sampled configs on equal footing). An item with
-  several correct labels (an XSTest unsafe prompt accepts refuse and partial) counts when every
-  answer is correct, whichever of its correct labels each is; a parse failure is not correct.
-  Only items present in every config enter (``n_items``). ``answer_consistency``: the share of
-  those items whose parsed answer is identical (and parsed) in all m configs, right or wrong.
-* Random baseline (the paper's): the consistency of a model that answers each of the m configs
-  correctly independently with probability p = its score on the original configuration:
-  ``baseline = p^m``. p (``performance``) is the share of correct seed-0 answers at the nominal
-  config (``analysis.nominal_config``) on the row's items, which is the nominal cell's score
-  for a share-correct score. When the nominal config is not in the row's configs (CrowS-Pairs)
-  the unique nearest one stands in (:func:`safetyrepro.metrics.reversal.resolve_nominal`,
-  ``nominal_used``); with several equally near there is no p, no baseline and no drop rate.
-* score_sd: the sample SD (ddof = 1) of the cell scores over the m configs.
-* Per-item SD: per item, the sample SD (ddof = 1) over the m configs of its score in each (the
-  share of its correct answers over the config's seeds); ``item_sd_mean`` / ``item_sd_median``
-  in the row, its quantiles in ``robustness_item_sd`` and its histogram (bins of width
-  :data:`ITEM_SD_BIN`) in ``robustness_item_sd_hist``.
-* Drop rate relative to the nominal config (``nominal_used``), over the other m - 1 configs c:
-  ``drop_rate_mean`` = mean_c (s_nominal - s_c) / s_nominal (positive = worse than nominal; NaN
-  when s_nominal = 0), and ``share_below_nominal`` = share of c with s_c < s_nominal.
-* Regression across the model x benchmark rows: consistency = intercept + slope * score_mean
-  (score_mean = mean cell score over the m configs), ordinary least squares; slope, intercept,
-  R^2, p-value, n.
+A row covers the benchmark's m free-form configs the model has (CrowS-Pairs: its logprob
+configs). Consistency: the share of items correct in all m configs, one answer (seed 0) per
+config so greedy and sampled configs weigh the same; the random baseline p^m with p the
+seed-0 accuracy at the nominal config (or its unique nearest stand-in,
+:func:`safetyrepro.metrics.reversal.resolve_nominal`); score and per-item SDs (ddof 1); drop
+rates against the nominal; and an OLS of consistency on the mean score across rows.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """The scale probe: does swapping a model for its larger sibling reverse a verdict?
 
-A *family* is a (small, large) pair of model keys of one run (Qwen2.5-7B -> Qwen2.5-32B).
-Everything here is computed on one benchmark at a time, over the configs of one named
-sub-envelope of the rules (default ``conservative_core``) that every model has, and on the
-run's fixed items: a bounded statement ("within this sub-envelope, on these items"), not a
-claim about how verdicts change with model size in general.
-
-* ``scale_probe`` (one row per benchmark, family and third model C, every run model that is
-  not in the family): sign_s(c) = sign(s_small(c) - s_C(c)) and sign_l(c) likewise for the
-  large model (strict signs, :mod:`safetyrepro.metrics.compare`'s tie rule). The swap
-  *reverses* the verdict against C at config c when sign_s(c) * sign_l(c) < 0 (one is strictly
-  ahead of C, the other strictly behind; a tie on either side is no reversal). It reverses
-  *significantly* at c when both differences are significant in opposite directions by the
-  item-level analysis (the ``ahead`` column of ``significance_configs``: paired per-config
-  tests, family-wise corrected as the run's significance step sets, by default over the
-  pair's configs of the run's envelope). Without that table, or for a benchmark it skipped
-  (CrowS-Pairs' parity score), the significant part is not computed and the row says so.
-* ``scale_probe_pairs`` (one row per benchmark and family): small vs large directly over the
-  same configs: N+ (small ahead), N-, N0, rho_flip = min(N+, N-)/|C| and, where item-level
-  significance exists, N+_sig, N-_sig, rho_flip_sig.
-
-A benchmark with no config in the sub-envelope (CrowS-Pairs has no free-form path, the
-conservative core is free-form only) gets rows with |C| = 0 and a note.
+Per benchmark and family (small, large), over the configs of one sub-envelope (default
+``conservative_core``) that every model has, on the run's items: a bounded statement, not a
+claim about scale in general. ``scale_probe`` compares small's and large's strict signs
+against every third model (significant where ``significance_configs`` says so both ways);
+``scale_probe_pairs`` counts small vs large directly. Definitions: docs/VERDICTS.md section 9.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The analysis stage's item-level significance tables (definitions in
-:mod:`safetyrepro.metrics.significance`): ``significance`` (per benchmark and pair: rho_flip
-beside its noise reference and rho_flip_sig, the crossover decision, power),
-``significance_configs`` (per config: difference, statistic, raw and corrected p, the minimum
-detectable difference), ``significance_benchmarks`` (per benchmark: the noise references of the
-max rho_flip, the orderings and the order change rate, and the verdict) and
-``bootstrap_items`` (the spread of rho_flip under item redraws).
+"""The analysis stage's item-level significance tables (definitions:
+:mod:`safetyrepro.metrics.significance`): ``significance`` (per pair), ``significance_configs``
+(per config), ``significance_benchmarks`` (per benchmark) and ``bootstrap_items``.
 
-The configs are those of the validated cell-score table (configs every model has); the item
-results must reproduce its exact cell scores (score_num/score_den) before any test is run, so
-the significance columns can only describe the cells the verdicts are counted on.
+The item results must reproduce the validated cell-score table's exact scores before any test
+runs, so the tests describe exactly the cells the verdicts are counted on.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
-"""Stability under stratified item subsamples.
+"""Stability under stratified item subsamples (docs/VERDICTS.md section 6).
 
-For each benchmark and each of ``repeats`` subsamples (``fraction`` of the items, stratified
-by ``stratum`` with :func:`safetyrepro.items.subsample.stratified_subsample`, seed
-``seed + r`` for repeat r), every cell's score is recomputed from the item-level results:
-the per-seed mean of ``correct`` over the subsampled items, averaged over seeds (``correct``
-is the item's contribution to the cell score for every benchmark, so this is the cell score
-on the subsample). A CrowS-Pairs task set to the parity-distance convention is recomputed as
-its cell score is: (n - |2 n_more - n|) / n per seed, n_more the pairs whose more
-stereotypical sentence is preferred. Reported per benchmark:
-
-* per-cell score range over the repeats (max - min): median and max over cells; and the largest
-  deviation of a subsample score from the all-items score;
-* on the core configs: how often the induced model ordering (weak ranks: ties count as an
-  ordering of their own) differs from the all-items ordering, over config x repeat, how many
-  configs change in at least one repeat, and the orderings reachable (strict orders, metric
-  core) with all items vs the min/max over repeats;
-* rho_flip recomputed on every subsample, per model pair and its max over pairs, over the
-  benchmark's full envelope (every config that every model has): ``subsample_rho_flip`` holds
-  one row per (benchmark, pair or "max", repeat), so its distribution over repeats can be
-  read directly, and the summary gives the max's value with all items and its min / median /
-  max over repeats.
+For each benchmark and each of ``repeats`` subsamples (``fraction`` of the items, stratified,
+seed ``seed + r``), every cell score is recomputed from the item results (CrowS-Pairs under the
+parity convention as its cell score is). Reported: per-cell score ranges over the repeats, how
+often the core configs' model ordering differs from the all-items one, orderings reachable,
+and rho_flip per pair and its max over the full envelope per repeat (``subsample_rho_flip``).
 """
 
 from __future__ import annotations
@@ -133,13 +118,11 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
                         fraction: float = 0.8, repeats: int = 20, seed: int = 0, tol: float = 0.0,
                         strata_col: str = "stratum", progress: bool = False, parity: set[str] = frozenset(),
                         noise_samples: int = DEFAULT_SAMPLES) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(per-benchmark summary, per-cell ranges, per-repeat rho_flip). ``core``: set of
-    (benchmark, config) core configs; ``items``: benchmark -> canonical item table (with
-    ``item_id`` and ``strata_col``); ``parity``: benchmarks scored by CrowS-Pairs' parity
-    distance (recomputed from ``parsed_label == "more"``, which ``results`` then needs). The
-    noise columns: the max rho_flip of exchangeable models (permutations of the models within
-    items, ``noise_samples`` draws) on all items and on the first repeat's subsample, the item
-    count that changes how far noise alone reaches (none for parity-scored benchmarks)."""
+    """(per-benchmark summary, per-cell ranges, per-repeat rho_flip). ``core``: the (benchmark,
+    config) core configs; ``items``: benchmark -> canonical item table; ``parity``: benchmarks
+    scored by CrowS-Pairs' parity distance (then ``results`` needs ``parsed_label``). The noise
+    columns: the max rho_flip of exchangeable models (``noise_samples`` model permutations)
+    on all items and on the first repeat's subsample (none for parity-scored benchmarks)."""
     from ..items.subsample import stratified_subsample
 
     if not 0 < fraction <= 1:

@@ -1,31 +1,10 @@
-"""The paper's tables from the cell-score table, all built on :mod:`safetyrepro.metrics`.
+"""The paper's tables from the cell-score table, built on :mod:`safetyrepro.metrics`.
 
-* Table 2 (:func:`table2`): per benchmark and model pair over the full envelope: N+/N-/N0/|C|,
-  rho_flip, ceiling, saturated, D1/D2, and per benchmark the max over pairs and the
-  orderings reachable.
-* Table 3 (:func:`table3`): the same per scoring-path slice. ``freeform`` spans every
-  decoding; ``logprob`` exists only under greedy (validity rule ``logprob-greedy-only``), so the
-  two slices are NOT matched on decoding support. ``freeform_greedy`` is the free-form slice
-  restricted to greedy decoding, the slice that is matched to logprob on decoding support.
-* Table 4 (:func:`table4`): max rho_flip and orderings reachable on the paper's envelopes:
-  the full envelope, the core (every axis at a core-tier level), the full envelope minus each
-  stress level on its own (T4, T=0.7) and the ``conservative_core`` sub-envelope, all read
-  from the envelope rules (:func:`table4_envelopes`).
-* Parse-clean (:func:`parse_clean`): only configs where every model's parse rate is at least
-  the threshold.
-* tau_R (:func:`tau_r_table`): per benchmark on the full and the core envelope, with the
-  total-order change rate beside it (:mod:`safetyrepro.metrics.order_change`; not rho_flip).
-* Nearest reversing configuration (:func:`nearest_reversal`): per benchmark and pair, the
-  fewest axis changes from the nominal config to a reversed verdict
-  (:mod:`safetyrepro.metrics.reversal`).
-* Bootstrap (:func:`bootstrap_rho`): configs resampled with replacement within a benchmark
-  (|C| draws), rho_flip recomputed per pair and their max; percentile interval (2.5, 97.5;
-  numpy's linear interpolation) around the point estimate on the observed configs. It
-  resamples configurations only (column ``resamples``); the item-level interval, which
-  resamples items, is :mod:`safetyrepro.metrics.significance`'s.
-
-Model pairs are (A, B) with A < B by name; N+ counts configs where A scores higher. Configs
-missing a cell for some model are dropped before any table (recorded in the metadata).
+Tables 2 (full envelope), 3 (per scoring slice; ``freeform_greedy`` is the free-form slice
+matched to logprob, which exists only under greedy) and 4 (the envelopes of
+:func:`table4_envelopes`), parse-clean configs, tau_R with the order change rate, the nearest
+reversing configuration and a bootstrap over configurations (:func:`bootstrap_rho`). Pairs are
+(A, B) with A < B by name; configs missing a cell for some model are dropped first.
 """
 
 from __future__ import annotations
@@ -293,8 +272,10 @@ def benchmark_rng(seed: int, benchmark: str) -> np.random.Generator:
 
 def bootstrap_rho(df: pd.DataFrame, samples: int = 1000, seed: int = 0, tol: float = 0.0,
                   progress: bool = False, noise: Noise | None = None) -> pd.DataFrame:
-    """Percentile bootstrap over configurations (see module doc); with ``noise``, each row's
-    noise reference (the pair's rho_flip_null_*, the max's max_rho_flip_null_*) beside it."""
+    """Percentile bootstrap over configurations: |C| configs drawn with replacement per
+    benchmark, rho_flip per pair and their max recomputed, interval (2.5, 97.5; numpy's linear
+    interpolation) around the estimate on the observed configs. With ``noise``, each row's
+    noise reference (rho_flip_null_*, max_rho_flip_null_*) beside it."""
     if samples < 1:
         raise ValueError("bootstrap samples must be >= 1")
     rows = []

@@ -1,39 +1,9 @@
 """Variance attribution: how much of the score variation is the model, how much the harness.
 
-ANOVA (:func:`anova_table`)
-    Per benchmark, on the free-form slice (CrowS-Pairs has none and gets a row with a note),
-    an OLS main-effects model fitted with statsmodels::
-
-        score ~ C(model) + C(template) + C(decoding) + C(shots)
-
-    and its Type II ANOVA (``anova_lm(typ=2)``). Only main effects are in the model: every
-    interaction (model x template, ...) and any replicate noise fall into the *residual*. Each
-    share is SS_term / SS_total with SS_total = sum (score - mean)^2. In a balanced design
-    (every model x template x decoding x shots cell present once) the Type II SS are the
-    classical orthogonal SS and the shares sum to 1; with missing cells they need not
-    (``shares_sum`` reports the sum, ``balanced`` says which case applies).
-    rho = (SS_template + SS_decoding + SS_shots) / SS_model: harness variation relative to
-    model variation. A factor with a single level in the slice is left out of the formula (its
-    share is reported as 0 with a note).
-
-LightGBM surrogate + SHAP (:func:`shap_table`)
-    Per benchmark over the full envelope:
-    * a regressor of the cell score on one-hot axes (template, decoding, shots, scoring) plus
-      the model;
-    * per model pair (A, B), A < B by name, a binary classifier of sign(score_A - score_B) on
-      the one-hot axes. Tied configs (ties as :mod:`safetyrepro.metrics.compare` defines them:
-      exact fractions, or |d| <= tol) are DROPPED (counted in ``n_ties_dropped``),
-      so the classifier separates "A ahead" from "B ahead". A pair with a single sign class
-      after dropping ties never flips: no classifier is fitted and its SHAP values are NaN with
-      the reason.
-    SHAP values come from ``shap.TreeExplainer`` (log-odds for the classifier). An axis's
-    contribution for a row is the sum of the SHAP values of its one-hot columns; the table
-    reports the mean over rows of its absolute value and that value's share over the axes.
-    Axes with a single level in the data cannot drive anything and are reported as NaN with a
-    note. Trees are deterministic (``seed``, one thread, ``deterministic=True``) and allowed
-    tiny leaves (``min_child_samples=1``) because the data are tiny. The surrogate only
-    LOCALISES which axis drives scores or flips; it is not a causal estimate or a predictive
-    model to be trusted out of sample (in-sample fit is reported for orientation only).
+:func:`anova_table` (statsmodels, free-form slice) gives each axis' share of the total sum of
+squares and rho = harness SS / model SS; :func:`shap_table` (a LightGBM surrogate explained by
+SHAP) localises which axis drives scores and each pair's sign. The surrogate only localises:
+it is not a causal estimate or a model to trust out of sample.
 """
 
 from __future__ import annotations
@@ -101,7 +71,12 @@ def anova_shares(df: pd.DataFrame, factors=ANOVA_FACTORS, response: str = "score
 
 
 def anova_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per benchmark ANOVA shares and rho on the free-form slice (see module doc)."""
+    """Per benchmark, on the free-form slice (CrowS-Pairs: a row with a note): the OLS
+    main-effects model ``score ~ C(model) + C(template) + C(decoding) + C(shots)`` and its Type
+    II ANOVA. Interactions and replicate noise fall into the residual. Shares are SS_term /
+    SS_total; they sum to 1 only in a balanced design (``shares_sum``, ``balanced``). rho =
+    (SS_template + SS_decoding + SS_shots) / SS_model. A single-level factor is left out
+    (share 0, with a note)."""
     rows = []
     for b in sorted(df["benchmark"].unique()):
         sub = df[(df["benchmark"] == b) & (df["scoring"] == "freeform")]
@@ -240,6 +215,13 @@ def fit_sign_classifier(grid: ScoreGrid, levels: pd.DataFrame, a: str, b: str, t
 
 
 def shap_table(df: pd.DataFrame, tol: float = 0.0, seed: int = 0) -> pd.DataFrame:
+    """Per benchmark over the full envelope: a LightGBM regressor of the cell score on one-hot
+    axes plus the model, and per pair (A < B) a classifier of sign(score_A - score_B) on the
+    one-hot axes with tied configs (:mod:`safetyrepro.metrics.compare`) dropped and counted; a
+    pair with one sign class left gets NaN and the reason. An axis' contribution is the sum of
+    its one-hot columns' ``TreeExplainer`` SHAP values; the table reports the mean absolute
+    value and its share. Single-level axes are NaN with a note. Trees are deterministic
+    (``seed``, one thread) and may have tiny leaves, as the data are tiny."""
     rows: list[dict] = []
     for b in sorted(df["benchmark"].unique()):
         sub = df[df["benchmark"] == b].reset_index(drop=True)

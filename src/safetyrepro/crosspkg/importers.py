@@ -1,28 +1,13 @@
 """`safetyrepro import`: other harnesses' per-item results -> certify's item-level long table.
 
-Output columns: ``model, benchmark, config, item, score`` and one column per harness setting
-that differs between the imported runs (the *axis columns*; ``config`` is their values joined
-by '-' in column order, the convention of ``certify --config-cols``). Settings that are equal in
-every run are not axes; they are returned in ``ImportResult.constant``.
-
-* lm-evaluation-harness: a folder written with ``--output_path DIR --log_samples`` (searched
-  recursively) holds ``results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task.
-  One run per (task, filter pipeline); the item is lm-eval's ``doc_id`` (the document's own id,
-  if any, goes to column ``source_id``). Settings: the task, ``num_fewshot``, chat template
-  on/off, few-shot as multi-turn, the system instruction, the generation kwargs, the model
-  arguments other than the path, the lm-eval version and the filter.
-* Inspect: eval logs, or folders of them as :func:`inspect_ai.log.list_eval_logs` lists them,
-  read through :func:`inspect_ai.log.read_eval_log`. Settings: the task, its arguments, the
-  solver plan, the generate config, the model arguments other than the path, and the
-  inspect_ai version. The item score is the scorer's value (``C``/``I`` and other Inspect letter
-  values map through ``value_to_float``), averaged over epochs.
-* HELM: run folders (``run_spec.json``, ``scenario_state.json``, ``per_instance_stats.json``);
-  the item is the instance id (+ perturbation), the score a per-instance stat.
-
-Errors (:class:`~safetyrepro.errors.DataError`, naming the file and field or line): a field of a
-third-party file of the wrong type, a run without per-sample results, a metric the samples do
-not carry (the available ones are listed), runs of one benchmark whose item sets differ (the
-items each lacks are listed), two runs with identical settings for the same model and benchmark.
+Columns ``model, benchmark, config, item, score`` plus one *axis column* per harness setting
+that differs between the imported runs (``config`` joins their values by '-', as ``certify
+--config-cols`` does); settings equal in every run go to ``ImportResult.constant``. Readers:
+lm-evaluation-harness ``--log_samples`` folders (:func:`read_lmeval_run`), Inspect eval logs
+(:func:`read_inspect_log`), HELM run folders (:func:`read_helm_run`). Bad input raises a
+DataError naming file and field: a wrong-typed field, no per-sample results, an unknown metric
+(the available ones listed), runs of one benchmark over different items, or two runs with
+identical settings for the same model and benchmark.
 """
 
 from __future__ import annotations
@@ -250,10 +235,11 @@ def read_lmeval_run(results: Path, metric: str | None = None, benchmark: str | N
                     filter_name: str | None = None) -> list[Run]:
     """The runs of one lm-eval results file and its samples files: one per (task, filter).
 
-    lm-eval writes one sample line per (doc_id, filter); each filter pipeline (gsm8k's
-    strict-match and flexible-extract) is its own run with setting ``filter`` (``filter_name``
-    keeps only that one in tasks that have several). The item id is the doc_id (unique within a
-    task); the document's own id field, if any, goes to ``Run.refs``."""
+    Each filter pipeline is its own run with setting ``filter`` (``filter_name`` keeps only
+    that one). The item id is lm-eval's doc_id; the document's own id, if any, goes to
+    ``Run.refs``. Settings: the task, ``num_fewshot``, chat template, multi-turn few-shot, the
+    system instruction, the generation kwargs, the model arguments other than the path, the
+    lm-eval version and the filter."""
     results = Path(results)
     res = _parse_json(_read_text(results), results)
     if not isinstance(res, dict) or "results" not in res or "config" not in res:
@@ -353,8 +339,10 @@ def _first_line(exc: Exception) -> str:
 
 
 def read_inspect_log(src, metric: str | None = None, benchmark: str | None = None) -> Run:
-    """One Inspect eval log (a path, or an EvalLogInfo from list_eval_logs) -> a run (item
-    score = the scorer's value, mean over epochs)."""
+    """One Inspect eval log (a path, or an EvalLogInfo from list_eval_logs) -> a run. Item score:
+    the scorer's value (letter values through ``value_to_float``), mean over epochs. Settings:
+    the task and its arguments, the solver plan, the generate config, the model arguments
+    other than the path and the inspect_ai version."""
     from inspect_ai.log import read_eval_log
 
     name = getattr(src, "name", None) if not isinstance(src, (str, Path)) else str(src)

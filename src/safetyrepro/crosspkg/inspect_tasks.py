@@ -1,14 +1,12 @@
 """Inspect tasks over the run's own items (JSONL written by :func:`write_inspect_data`), scored
 with Inspect's own ``multiple_choice`` solver and ``choice`` scorer.
 
-Use from Python (``inspect_ai.eval(mc_task(...), model="hf/<name>", model_args={"model_path":
-folder, ...})``) or from Inspect's command line::
+Use from Python (``inspect_ai.eval(mc_task(...), ...)``) or Inspect's command line::
 
     inspect eval src/safetyrepro/crosspkg/inspect_tasks.py@safetyrepro_mc -T data=items.jsonl \\
         --model hf/local -M model_path=FOLDER -M do_sample=false
 
-The sample id is the run's ``item_id``, so :func:`~.importers.import_inspect` maps scores back
-to the run's items.
+The sample id is the run's ``item_id``, so :func:`~.importers.import_inspect` maps scores back.
 """
 
 from __future__ import annotations

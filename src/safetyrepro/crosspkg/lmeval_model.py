@@ -1,25 +1,13 @@
 """lm-eval's HF model class with each context computed once per item.
 
-lm-eval's own loop (``HFLM._loglikelihood_tokens``) runs one full forward over context +
-continuation for EVERY candidate and takes a log-softmax over the whole padded batch. On the
-stage's tasks that is most of the work: a TruthfulQA MC1 item repeats its six-example
-preamble and question once per answer option, a BBQ item its context once per each of its
-twelve candidates (profile in docs/CROSS_PACKAGE.md, "Cost").
-
-:class:`SharedContextHFLM` keeps everything of lm-eval's that defines the object scored (the
-task files, the rendered contexts and candidates, lm-eval's own tokenisation of each request
-into context and continuation tokens, the metrics) and replaces only that loop: the requests
-are grouped by their context tokens and handed to the run's own scorer
-(:func:`safetyrepro.inference.scoring.score_token_candidates`), which runs each context once
-(contexts common to all items of a task, such as TruthfulQA's preamble, once per task) and the
-candidates over it, with logits only where a candidate token is predicted. It returns what
-lm-eval's loop returns per request: the summed log-likelihood of the continuation tokens and
-whether each was the argmax (``is_greedy``).
-
-Numerics: weights and matmuls in the model's dtype (bf16 in the stage), log-softmax in float32
-(lm-eval's loop takes it in the logits' dtype, bf16, unless ``softmax_dtype`` is given).
-Requests whose context + continuation exceed the model's length go through lm-eval's own loop
-(it truncates them from the left).
+lm-eval's own loop runs one full forward over context + continuation for every candidate,
+which repeats a TruthfulQA preamble or a BBQ context once per option (docs/CROSS_PACKAGE.md,
+"cost"). :class:`SharedContextHFLM` keeps everything of lm-eval's that defines the object
+scored (task files, rendered requests, its tokenisation, its metrics) and replaces only that
+loop: requests are grouped by context tokens and scored by
+:func:`safetyrepro.inference.scoring.score_token_candidates`, returning per request what
+lm-eval's loop returns (summed log-likelihood, ``is_greedy``). Log-softmax runs in float32;
+requests longer than the model go through lm-eval's own loop (which truncates from the left).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The cross-package stage: the nominal configuration scored by several evaluation packages on
 the run's own items and model folders, and how far their scores and orderings disagree.
 
-Packages and what they score (docs/CROSS_PACKAGE.md shows one rendered prompt of each):
-
-* ``safetyrepro-freeform`` / ``safetyrepro-logprob``: the run's own nominal cells
-  (``analysis.nominal_config``; its logprob twin), read from ``item_results`` of the run.
-* ``lm-eval``: lm-evaluation-harness's own task definition (:data:`.localdata.LMEVAL_TASKS`)
-  with only the data source switched to the run's items; its HF model class on the local folder
-  in bf16; the task's own metric (``acc``: argmax of summed continuation log-likelihoods; for
-  CrowS-Pairs ``pct_stereotype`` is turned into the run's anti-stereotype share 1 - x).
-* ``inspect``: Inspect's ``multiple_choice`` solver and ``choice`` scorer (inspect-evals does not
-  install from this machine's package index: its dependency inspect-evals-utils is missing) on
-  the run's choice items, through Inspect's HF provider on the local folder in bf16, greedy.
-
-Per (package, benchmark, model) row: the score, the items, the object scored in words and the
-sha256 of the first item's rendered prompt, and the per-item agreement of the chosen option with
-SafetyRepro's nominal free-form cell. Per benchmark: the spread across packages (max - min of
-the score, percentage points, per model and its max over models) and whether the model ordering
-changes across packages.
+Packages (docs/CROSS_PACKAGE.md): the run's own nominal cells, lm-eval's own task definitions
+with only the data source switched, and Inspect's ``multiple_choice`` solver with its
+``choice`` scorer. Per (package, benchmark, model): the score, the object scored, a prompt hash
+and the per-item agreement with the nominal free-form cell; per benchmark: the spread across
+packages and whether the model ordering changes.
 """
 
 from __future__ import annotations
@@ -75,12 +63,10 @@ def safetyrepro_rows(sources: list[tuple[pd.DataFrame, str, str]], items: dict, 
     """Rows for the run's own nominal cells (free-form and its logprob twin) and the chosen
     option per (benchmark, model, item) of the free-form cell (the agreement reference).
 
-    ``sources``: ``(item_results, variant, path)`` in order of preference; each (cell, benchmark,
-    model) is taken from the first table that has it. The stage passes the bf16 precision
-    check's item results first (the issue's nominal precision, where the run has those cells:
-    with the stage on, the plan puts the nominal cell and its logprob twin into the bf16
-    variant, :meth:`safetyrepro.plan.Plan.nominal_bf16_configs`), then the run's own. Every
-    row records its ``precision`` (the cells' ``quantization`` column) and where it came from."""
+    ``sources``: ``(item_results, variant, path)`` in order of preference; each (cell,
+    benchmark, model) comes from the first table that has it (the stage passes the bf16
+    precision check's results first, :meth:`safetyrepro.plan.Plan.nominal_bf16_configs`).
+    Every row records its ``precision`` and its source."""
     from ..tasks import load_task
 
     for ir, _, path in sources:
@@ -147,13 +133,9 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
                 batch_size: int = 16, shots: int = 0) -> list[dict]:
     """lm-eval's own tasks on the run's items. ``shots`` > 0 draws the exemplars from the run's
     few-shot pool (``fewshot``: benchmark -> items, first n in order); a task whose own file
-    fixes ``num_fewshot`` (truthfulqa_mc1: 0, with its built-in six-example preamble) keeps it, as
-    lm-eval does.
-
-    ``loop``: ``"shared-context"`` (:class:`.lmeval_model.SharedContextHFLM` over ``engine``, the
-    model already loaded by :func:`safetyrepro.models.load.load_model`: each context computed
-    once) or ``"stock"`` (lm-eval's ``HFLM`` loading ``folder`` in ``dtype`` on ``device``, its
-    own loop: one forward per candidate)."""
+    fixes ``num_fewshot`` keeps it, as lm-eval does. ``loop``: ``"shared-context"``
+    (:class:`.lmeval_model.SharedContextHFLM` over the loaded ``engine``) or ``"stock"``
+    (lm-eval's ``HFLM`` loading ``folder`` in ``dtype`` on ``device``)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager

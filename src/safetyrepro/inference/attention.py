@@ -1,61 +1,16 @@
-"""Attention for the CPU engine: a batch attends to its shared prefix without copying it.
+"""Attention for the engine: a shared prefix kept out of the batch caches, and grouped
+query heads without key/value copies.
 
-All prompts of a cell usually start with the same tokens (system text, few-shot exemplars,
-instructions: the call's shared prefix, :func:`.prefill.build_prefix`), often most of each
-prompt. Left to transformers, every row of a batch would hold its own copy of the prefix's
-keys and values, copied when the batch is prefilled, re-laid out and reserved for decoding, and
-read once per row at every decode step; and its ``sdpa`` function, given a mask and several
-query positions (packed prefill, packed scoring, a decode group's stream columns), first
-expands keys and values to one copy per query head (grouped-query attention: SmolLM2 has 9
-query heads on 3 key/value heads, Qwen2.5-0.5B 14 on 2). On a CPU those copies, not the
-arithmetic, were most of the decode time of a few-shot cell.
-
-:func:`engine_attention` (registered as the attention implementation :data:`NAME`) lets the
-engine keep the prefix OUT of the batch caches. Inside :func:`shared_prefix` ``(prefix)``
-every query of a forward pass attends to the prefix's keys/values (stored once, batch size 1)
-followed by the row's own cached columns under the row's mask; attention splits into
-
-* the prefix part: one matrix product per key/value head for all rows, query heads and query
-  positions at once (``[rows * groups * Q, D] x [D, P]``), reading the prefix once (from
-  :data:`FUSED_MIN_SCORES` scores on, torch's fused CPU kernel computes it without writing
-  the scores out);
-* the own part: each row's columns under its mask (None: causal), query heads folded per
-  key/value head (``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``), no copies;
-
-merged by their log-sum-exp (the "cascade" form of attention over a shared prefix). Scores,
-softmax and weighted sums run in float32, as the fused CPU kernel accumulates them; results
-equal ``sdpa`` over the prefix and the own columns written out in full up to summation order
-(tests compare both, on random tensors and on the model's generations and scores). Outside
-the context it is transformers' ``sdpa`` function unchanged; inside it, what it cannot
-combine with a prefix (per-head masks, position biases, soft-capping) raises instead of
-silently dropping the prefix.
-
-Only for models whose layers all attend fully: sliding-window layers would need the prefix
-cut to their window (:attr:`.capabilities.Capabilities.detached_prefix` decides; the engine keeps the prefix in
-the batch caches otherwise). Masks are sdpa's (boolean), so code that accepts ``sdpa``
-accepts these implementations too (:data:`SDPA_LIKE`).
-
-Grouped heads without copies (:func:`grouped_attention`, registered as :data:`GROUPED`; also
-what :data:`NAME` does outside a shared prefix). transformers' ``sdpa`` attends with grouped
-heads without copies in two cases only: no mask (torch's ``enable_gqa``) and one query per row
-(the query heads folded per key/value head). A 4D mask with several queries per row, which is
-every packed prefill and every stream-column decode step (a decode group's 11 streams), makes
-it expand keys and values to one copy per query head (``repeat_kv``: 7 copies per layer and
-step for Qwen2.5-7B's 28 query heads on 4 key/value heads). :func:`grouped_attention` folds
-the query heads of each key/value head into the query axis instead
-(``[B, Hq, Q, D] -> [B, Hkv, groups * Q, D]``, the mask repeated per folded head: booleans,
-not keys/values) and runs torch's ``scaled_dot_product_attention`` on the unrepeated keys and
-values. torch's own ``enable_gqa`` with a mask is not used: on CUDA it leaves the fused
-kernels for the math one (transformers says so in ``use_gqa_in_sdpa``), and the math kernel
-repeats keys/values itself. Each query's scores, softmax and weighted sum are the same
-products over the same keys; only the kernel's blocking of the query axis differs, so results
-equal ``sdpa``'s up to summation order (tested under tests/numerics.py's rule).
-
-Which implementation a model runs is its ``attention`` (recorded in every shard's model info,
-one of the numerics a model's shards must share): ``sdpa`` (transformers, copies),
-:data:`GROUPED` (grouped, no copies; accelerators), :data:`NAME` (shared prefix + grouped;
-the CPU engine) and :data:`NAME_REPEAT` (shared prefix, transformers' ``sdpa`` outside it:
-the CPU engine before grouped heads, selected by ``runtime.grouped_attention: false``).
+Inside :func:`shared_prefix`, :func:`engine_attention` (:data:`NAME`) lets every query attend
+to the call's shared prefix (:func:`.prefill.build_prefix`), stored once, plus the row's own
+cached columns, merged by log-sum-exp in float32; what it cannot combine with a prefix
+(per-head masks, position biases, soft-capping) raises. Full-attention models only
+(:attr:`.capabilities.Capabilities.detached_prefix`). :func:`grouped_attention` (:data:`GROUPED`)
+folds each key/value head's query heads into the query axis instead of the per-head key/value
+copies (``repeat_kv``) that ``sdpa`` makes under a 4D mask; torch's ``enable_gqa`` is not used,
+as with a mask it leaves CUDA's fused kernels. Both equal ``sdpa`` up to summation order. A
+model's ``attention`` (recorded in each shard) is ``sdpa``, :data:`GROUPED`, :data:`NAME` or
+:data:`NAME_REPEAT` (``runtime.grouped_attention: false``).
 """
 
 from __future__ import annotations

@@ -56,17 +56,12 @@ def run_with_oom_fallback(rows: list[int], fn: Callable[[list[int]], dict], *, w
                           device: str, n_tokens: Callable[[list[int]], int],
                           splits: list[Split] | None = None,
                           on_oom: Callable[[], None] | None = None) -> dict:
-    """``fn(rows)`` -> {row: result}. On out-of-memory the batch is halved and each half run
-    in turn (down to single rows); a single row that still does not fit raises CellError.
+    """``fn(rows)`` -> {row: result}. On out-of-memory the batch is halved and each half run in
+    turn (down to single rows); a single row that still does not fit raises CellError.
 
-    The retry runs after the ``except`` block has been left: inside it the exception's
-    traceback keeps every frame of the failed attempt alive, and with them its tensors (its
-    KV cache), so the halves would run next to the memory that did not fit. Outside it,
-    the failed attempt's objects are released, :func:`free_memory` collects what remains and
-    ``on_oom`` lets the caller drop caches of its own (e.g. the failed batch's stored
-    prefill) before the first half starts. Every split is appended to ``splits`` (and
-    reported on stderr), so the caller can record it; results are the same as an unsplit run
-    up to the summation order of the smaller batches."""
+    The retry runs outside the ``except`` block, whose traceback would keep the failed
+    attempt's tensors alive; :func:`free_memory` and ``on_oom`` (the caller's own caches) run
+    before the first half. Every split is appended to ``splits`` and reported on stderr."""
     out: dict = {}
     todo = [list(rows)]  # a stack: the first half runs (and splits further) before the second
     while todo:
@@ -86,7 +81,7 @@ def run_with_oom_fallback(rows: list[int], fn: Callable[[list[int]], dict], *, w
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         if error is None:
             continue
-        # out of the handler: the failed attempt's frames and tensors are unreachable now
+        # out of the handler: the failed attempt's frames and tensors are unreachable here
         if on_oom is not None:
             on_oom()
         free_memory()

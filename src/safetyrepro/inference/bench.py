@@ -1,10 +1,8 @@
-"""Throughput measurement of the engine on a loaded model (planning aid, not used by runs).
+"""Throughput measurement of the engine on a loaded model (a planning aid; runs do not use it).
 
-Prefill: ``batch_size`` distinct synthetic prompts of ``prompt_tokens`` tokens each, one
-generated token (shared-prefix caching off, so every token is computed). Decode: the same
-batch generating exactly ``new_tokens`` tokens (end-of-turn disabled), decode time = total
-minus prefill. Scoring: ``batch_size`` items of 4 candidates of ~3 tokens each via the
-KV-reuse scorer."""
+Prefill: ``batch_size`` synthetic prompts of ``prompt_tokens`` tokens (prefix caching off);
+decode: the same batch generating exactly ``new_tokens`` tokens; scoring: ``batch_size`` items
+of 4 short candidates through the KV-reuse scorer."""
 
 from __future__ import annotations
 

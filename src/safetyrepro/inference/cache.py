@@ -1,24 +1,13 @@
-"""Cache layers of the engine: building, forking, reserving and shrinking KV caches.
+"""KV cache layers of the engine: building, forking, reserving and shrinking caches.
 
-A :class:`transformers.DynamicCache` (built from the model config, so sliding-window layers
-such as Gemma-3's get their proper layer type) holds keys/values of shape
-``[batch, heads, seq, head_dim]`` per layer. Its layers never write into their tensors in
-place: ``update`` concatenates and rebinds. So a cache is *forked* by shallow-copying its layer
-objects, optionally indexing/expanding the batch dimension; the fork and the original then
-evolve independently while sharing the already computed tensors (no copy of the prefix).
-
-Decoding switches a batch's cache to :class:`ReservedLayer` / :class:`ReservedSlidingLayer`
-buffers (:func:`reserve`) that are written in place, because concatenating the whole cache at
-every step reallocates and copies it (the dominant cost of CPU decoding under memory
-pressure); forks of reserved layers copy their buffers. Finished rows leave a reserved cache
-in place (:func:`drop_rows`).
-
-Sliding windows as full attention. A sliding-window layer (Gemma-3: 512 positions) attends
-exactly like a full-attention layer as long as no query is a window or more past a key. For a
-call whose capabilities say so (:attr:`.capabilities.Capabilities.window_as_full`: prompts
-plus new tokens stay within the window) caches are built with full layers only, so packed
-prefill, the detached prefix and stream columns (whose cache rows hold more columns than
-positions) work on such models too; for longer calls the sliding layers keep their own caches.
+A :class:`transformers.DynamicCache` built from the model config never writes its tensors in
+place, so a cache is forked by shallow-copying its layers (the fork shares the computed
+prefix). For decoding, :func:`reserve` switches a batch to preallocated layers written in
+place (:class:`ReservedLayer`, :class:`ReservedSlidingLayer`), since concatenating the cache at
+every step reallocates it; finished rows leave in place (:func:`drop_rows`). A call whose
+prompts plus new tokens fit a sliding window
+(:attr:`.capabilities.Capabilities.window_as_full`) gets full layers only, so packed prefill,
+the detached prefix and stream columns work on such models too.
 """
 
 from __future__ import annotations
@@ -175,14 +164,11 @@ def _sliding_layer_class():
 
 
 class ReservedSlidingLayer(_Buffered, _sliding_layer_class()):
-    """A sliding-window cache layer (``DynamicSlidingWindowLayer``: keeps the last
-    ``window - 1`` positions; an update returns those plus the new ones) whose states live in a
-    buffer with room for ``extra`` positions beyond the window: :meth:`update` writes in place
-    and returns a view, instead of concatenating and re-slicing the whole window at every
-    decode step (measured: 35% of a sampled Gemma-3 cell). Old positions stay in the buffer
-    until it is full, then the last ``window - 1`` move to its front (once per ``extra``
-    steps). Returns the same states in the same order as the plain layer, and keeps its
-    ``cumulative_length`` for the mask sizes."""
+    """A sliding-window cache layer (keeps the last ``window - 1`` positions) whose states live
+    in a buffer with room for ``extra`` positions beyond the window: :meth:`update` writes in
+    place and returns a view instead of concatenating and re-slicing the window every step.
+    When the buffer is full, the last ``window - 1`` positions move to its front. Returns the
+    same states as the plain layer and keeps its ``cumulative_length`` for the mask sizes."""
 
     def __init__(self, layer, extra: int, rows: torch.Tensor | None = None):
         super().__init__(sliding_window=layer.sliding_window)
@@ -278,15 +264,11 @@ class _one_layer:  # a cache-like holder of one layer, for fork_cache
 
 
 def drop_rows(cache, keep: list[int]) -> list[int]:
-    """Keep the rows ``keep`` (ascending positions) of a decoding cache, IN PLACE: the rows
-    past ``len(keep)`` that are kept move into the holes the dropped rows leave among the
-    first ``len(keep)``, and every layer's buffers are then cut to their first ``len(keep)``
-    rows (views: a reserved cache's buffers are not copied, so memory does not double while
-    finished rows leave the batch, as it does with :func:`fork_cache`). Returns the new row
-    order: row ``r`` now holds what was row ``order[r]``; the caller reorders its own per-row
-    state (mask, tokens, sequence ids) the same way. Rows do not interact in a forward pass,
-    so the order changes what each row computes only by the summation order of batched
-    kernels (tested equal in fp32). Layers not written in place are row-selected (copied)."""
+    """Keep the rows ``keep`` (ascending) of a decoding cache, in place: kept rows move into the
+    holes of dropped ones and every layer's buffers are cut to ``len(keep)`` rows as views, so
+    memory does not double as with :func:`fork_cache`. Returns the new order (row ``r`` holds
+    old row ``order[r]``); the caller reorders its per-row state the same way. Layers not
+    written in place are row-selected (copied)."""
     m = len(keep)
     kept = set(keep)
     holes = [i for i in range(m) if i not in kept]

@@ -1,17 +1,10 @@
 """What a loaded model lets the engine do, answered once per call and passed down.
 
-Three questions decide the engine's layout; each used to be asked where it was needed
-(partly through a context variable). :meth:`Capabilities.of` answers them for one call:
-
-* ``window_as_full``: the model has sliding-window layers (Gemma-3: 512 positions), but every
-  position of the call (longest prompt plus new tokens) stays inside the window, so those
-  layers attend exactly like full attention and the call's caches are built with full layers
-  only. Only for models whose other layers attend fully and whose attention takes 4D masks.
-* ``mask_4d``: the model's attention takes an arbitrary 4D mask and a boolean
-  ``logits_to_keep``, and its caches are plain per-layer caches (no sliding window, or one
-  treated as full): packed prefill and stream columns.
-* ``detached_prefix``: additionally, the model runs the engine's attention
-  (:data:`.attention.ENGINE_NAMES`), so a batch can attend to a shared prefix kept outside its cache.
+:meth:`Capabilities.of` answers: ``window_as_full`` (sliding-window layers attend like full
+attention because the whole call fits the window), ``mask_4d`` (the attention takes an
+arbitrary 4D mask and a boolean ``logits_to_keep`` over plain per-layer caches: packed prefill,
+stream columns) and ``detached_prefix`` (additionally the engine's attention,
+:data:`.attention.ENGINE_NAMES`: a shared prefix kept outside the batch caches).
 """
 
 from __future__ import annotations

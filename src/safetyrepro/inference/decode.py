@@ -98,8 +98,8 @@ class _Outputs:
 
 
 # Finished rows leave a decoding cache in place (:func:`.cache.drop_rows`); False: through a
-# row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the path before it, kept
-# for the equality tests.
+# row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the reference the
+# equality tests compare the in-place path against.
 IN_PLACE_DROP = True
 
 
@@ -146,14 +146,11 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
                          stats: DecodeStats | None = None) -> list[Generation]:
     """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
 
-    The seeds of a row are columns of that row: each decode step feeds ``n_seeds`` tokens per
-    row (seed j's latest token in column j) and appends ``n_seeds`` cache columns. A 4D mask
-    lets seed j's query see the prompt and its own earlier tokens only (the columns
-    ``L0 + n_seeds * t + j``), with the position ids it would have alone, so each seed computes
-    what a separate run computes, while the prompt's keys/values are stored and read once per
-    step instead of once per seed. Rows are ordered seed-major (row ``s * n + i`` = seed s of
-    prompt i), as in the repeated-rows path; finished seeds feed a masked dummy token until
-    every seed of their prompt is done, then the prompt's row leaves the batch."""
+    Each step feeds one token per seed as a column of the prompt's row; a 4D mask lets seed j
+    see only the prompt and its own earlier tokens, with the position ids it would have alone,
+    so each seed computes what a separate run computes while the prompt's keys/values are read
+    once. Rows are seed-major (row ``s * n + i`` = seed s of prompt i); finished seeds feed a
+    masked dummy token until their prompt's row leaves the batch."""
     n, k = logits.shape[0], n_seeds
     out = _Outputs(lm, n * k, max_new_tokens, t0)
     dev = mask.device
@@ -217,25 +214,16 @@ def _step_input(streams: list[int], tokens: list[int], row_of, n: int, k: int, r
 def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: _Sampler, *,
                       n_seeds: int, max_new_tokens: int, slots: int, store=None,
                       stats: DecodeStats | None = None) -> list[Generation] | None:
-    """Decode ``n_seeds`` streams of every sequence of ``seqs`` (each starting with the
-    prefix's ids; longest first) as stream columns of ``slots`` cache rows that are refilled
-    from the queue: when every stream of a row's prompt has finished, the next waiting prompt
-    is prefilled and takes over the row, instead of the batch shrinking row by row until its
-    slowest prompt ends (:func:`decode_stream_columns` on batches one after another). Rows
-    leave only once the queue is empty. Sequences are stream-major over ``seqs`` (sequence
-    ``s * n + i`` = stream s of prompt i, the ``sampler``'s rows), so each keeps its own
-    generator and decodes what it would in any other batch (in fp32, up to summation order).
+    """Decode ``n_seeds`` streams of every sequence of ``seqs`` (longest first) as stream
+    columns of ``slots`` cache rows refilled from the queue: when a row's prompt has finished,
+    the next waiting prompt is prefilled into that row. Sequences are stream-major (``s * n +
+    i`` = stream s of prompt i), each with its own generator.
 
-    Layout: the first ``slots`` prompts are prefilled as one batch (``C0`` columns: the copied
-    prefix, pads, the longest suffix); a later prompt is no longer (longest first), so its
-    prefill fits those columns right-aligned. Stream columns form a ring of
-    ``n_seeds x max_new_tokens`` columns after them (:func:`.cache.ring`): step t writes
-    block ``t mod max_new_tokens`` of every row, which a prompt that started at step t0 and
-    lives at most ``max_new_tokens`` steps never wraps onto while it runs; the 4D mask lets a
-    row's stream j see its prompt's columns and its own stream's blocks written since the
-    row's prompt started. So the cache never holds more than the first batch's rows and
-    columns (the memory plan of the first batch holds for the whole queue). Returns None
-    (nothing decoded) where the cache layers cannot run as a ring."""
+    The first ``slots`` prompts set the prefill columns (later ones are no longer and fit them
+    right-aligned); stream columns form a ring of ``n_seeds x max_new_tokens`` columns
+    (:func:`.cache.ring`) that a prompt never wraps onto while it runs, so the cache never
+    outgrows the first batch and its memory plan holds for the whole queue. Returns None where
+    the cache layers cannot run as a ring."""
     n, k, T = len(seqs), n_seeds, max_new_tokens
     dev = lm.device
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0

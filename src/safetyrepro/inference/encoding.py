@@ -1,22 +1,11 @@
 """Tokenisation rules shared by generation and scoring.
 
-Prompts (:func:`encode_prompt`): the text is encoded without the tokenizer's automatic special
-tokens; if the tokenizer normally prepends a BOS token (Gemma) and the text does not already
-start with it (a chat template may render it), the BOS id is prepended. So a chat-templated
-prompt never gets a doubled BOS and a base model still sees its BOS.
-
-Context/continuation pairs (:func:`encode_pair`): the context and the continuation are encoded
-SEPARATELY and concatenated, so every candidate of an item shares exactly the same context
-tokens (which is what lets the scorer reuse one context KV cache for all candidates). Trailing
-spaces and tabs of the context (not newlines) are first moved to the front of the
-continuation: BPE / SentencePiece vocabularies attach a leading space to the following word
-(``"Answer: A"`` -> ``"Answer" ":" " A"``), so ``("Answer: ", "A")`` is scored as
-``("Answer:", " A")``, the tokens the model would produce itself. Newlines stay with the
-context because chat templates end their generation prompt with one (``"<|im_start|>assistant\\n"``).
-The continuation is encoded without special tokens. This is the lm-evaluation-harness idea
-(whitespace moved to the continuation) with separate encoding instead of "encode the whole and
-subtract the context", which can merge tokens across the boundary and then no longer shares
-the context tokens between candidates.
+:func:`encode_prompt` encodes without automatic special tokens and prepends BOS only where the
+tokenizer normally does and the text lacks it, so a chat-templated prompt never gets two.
+:func:`encode_pair` encodes context and continuation separately (every candidate of an item
+then shares the same context tokens, which the scorer's cache reuse needs), after moving the
+context's trailing spaces/tabs to the continuation, where BPE/SentencePiece vocabularies attach
+them; newlines stay with the context, as chat templates end the generation prompt with one.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The public generation API: batched free-form generation of one or several streams.
 
-* Prompts are tokenised by :func:`..encoding.encode_prompt`, grouped longest-first into
-  batches of at most ``batch_size`` prompts that fit the memory budget (:mod:`.memory`) and
-  left-padded; results come back in input order.
-* The token prefix shared by all prompts is prefilled once (:mod:`.prefill`); each batch
-  prefills its suffixes once (packed without padding where the model allows), and decodes
-  into preallocated cache buffers (:func:`.cache.reserve`).
-* Next tokens: greedy or seeded sampling (:mod:`.sampling`): same seed -> identical outputs,
-  different seed -> different draws, independent of batch size, composition or position.
-* A row stops at an end-of-turn token (``lm.stop_ids``: eos ids and the chat template's
-  end-of-turn token such as ``<|im_end|>`` / ``<end_of_turn>``), at the plain format's turn
-  marker ``"\\nUser:"`` (base models, ``lm.stop_strings``; the text is cut before it), or after
-  ``max_new_tokens``. ``finish_reason`` is ``"eos"`` for the first two, ``"length"`` otherwise.
-  ``n_gen_tokens`` counts generated tokens including the stop token; ``text`` excludes the stop
-  token/marker and special tokens. Finished rows leave the batch (their cache rows are dropped).
-* :func:`generate_streams` prefills each batch once and decodes several *streams* (a
-  :class:`Stream` is a temperature, nucleus mass and seed: greedy and sampled ones may mix)
-  in one batch, the streams of a prompt as columns of its one cache row
-  (:func:`.decode.decode_stream_columns`) where the model allows, else from the prefilled rows repeated
-  once per stream; each (stream, prompt) keeps its own generator, so in fp32 its outputs are
-  identical to a separate :func:`generate` call. :func:`generate_multi_seed` is the one-
-  temperature case (one stream per seed).
-* ``latency_s``: seconds from the start of the item's batch prefill until the item stopped
-  (for multi-seed: the shared prefill time plus that seed's decode time). The one-off shared
-  prefix prefill is not attributed to items.
+Prompts are batched longest-first within the memory budget (:mod:`.memory`), the shared
+prefix and each batch are prefilled once (:mod:`.prefill`), and every stream (a temperature,
+nucleus mass and seed, :class:`Stream`) of a batch decodes in one forward per step. Each
+(stream, prompt) keeps its own generator, so outputs do not depend on batching. A row stops at
+an end-of-turn token or stop string (``finish_reason`` "eos") or at ``max_new_tokens``
+("length"); ``latency_s`` runs from the start of the item's batch prefill.
 """
 
 from __future__ import annotations
@@ -53,12 +35,10 @@ def generate_multi_seed(lm, prompts: list[str], seeds: list[int], *, max_new_tok
                         store: PrefillStore | None = None,
                         window_full: bool = True,
                         record: BatchRecord | None = None) -> dict[int, list[Generation]]:
-    """Generate ``prompts`` once per seed, prefilling each batch ONCE and decoding all seeds
-    together (:func:`generate_streams`, one stream per seed). ``{seed: [Generation in input
-    order]}``; in fp32 identical to ``{s: generate(..., seed=s)}`` (tested); in bf16/NF4
-    compute the different summation order of a batched forward can flip a sampled token,
-    while a rerun of the same call is always identical. Greedy (temperature 0) decodes once
-    and returns the same generations under every seed."""
+    """Generate ``prompts`` once per seed: :func:`generate_streams` with one stream per seed.
+    Returns ``{seed: [Generation in input order]}``, in fp32 identical to separate
+    ``generate(..., seed=s)`` calls (in bf16/NF4 a batched forward's summation order can flip a
+    sampled token). Greedy (temperature 0) decodes once and copies the result to every seed."""
     seeds = list(dict.fromkeys(int(s) for s in seeds))
     if not seeds:
         raise ValueError("generate_multi_seed: no seeds")
@@ -87,40 +67,20 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                      record: BatchRecord | None = None,
                      budget: MemoryBudget | None = None,
                      refill: bool | None = None) -> list[list[Generation]]:
-    """Decode every prompt under each of ``streams`` (greedy and sampled ones may mix),
-    prefilling each batch ONCE and decoding all streams of the batch in one forward per step;
-    returns one list of generations (input order) per stream. Each (stream, prompt) keeps its
-    own generator, so in fp32 a stream's outputs equal a separate call's (tested).
+    """Decode every prompt under each of ``streams``; one list of generations (input order) per
+    stream. In fp32 a stream's outputs equal a separate call's.
 
-    With ``stream_columns`` (where the model takes a 4D mask and has no sliding-window layers),
-    the streams of a prompt decode as columns of one cache row (:func:`.decode.decode_stream_columns`)
-    instead of one repeated cache row per stream (same outputs in fp32); with repeated rows,
-    the streams of one temperature and top_p decode together, one kind after another from
-    the same prefill.
-
-    ``store``: prefixes and batch prefills computed by earlier calls on this model are reused
-    (:class:`.store.PrefillStore`; the same outputs as computing them afresh).
-
-    ``window_full``: on a model with sliding-window layers, a call whose longest prompt plus
-    ``max_new_tokens`` fits in the window runs them as full attention
-    (:attr:`.capabilities.Capabilities.window_as_full`; same outputs up to summation order,
-    tested).
-
-    Batches hold at most ``batch_size`` prompts and, within that, as many as fit the memory
-    ``budget`` by their estimated footprint (:mod:`.memory`; default: the budget of ``lm``'s
-    device with the ``store``'s byte budget set aside). ``record``: a
-    :class:`.batching.BatchRecord` that receives the plan and every out-of-memory split (a
-    batch that did not fit is halved and retried, :func:`.batching.run_with_oom_fallback`).
-
-    ``refill`` (with stream columns): the prompts decode as one continuous batch
-    (:func:`.decode.decode_continuous`): the plan's first batch sets the number of cache rows
-    and their columns, and a row whose prompt has finished takes the next prompt of the
-    (longest-first) queue instead of the batch running on with fewer rows until its slowest
-    prompt ends. Same outputs in fp32 (tested); an out-of-memory error halves the rows.
-    ``record.decode`` counts the decode forwards, token slots fed and dummy ones. Default
-    (None): on for accelerators, where a dummy row costs the device's throughput; off on a
-    CPU, where it was measured to save no forwards on a whole decode group and to run slower
-    (benchmarks/results/refill.json: the ring attends to all its columns once it has wrapped)."""
+    ``stream_columns``: where the model takes a 4D mask, a prompt's streams decode as columns
+    of its one cache row (:func:`.decode.decode_stream_columns`), else as repeated rows, one
+    temperature/top_p kind at a time. ``store``: prefixes and prefills reused across calls
+    (:class:`.store.PrefillStore`). ``window_full``: run sliding-window layers as full
+    attention when the whole call fits in the window. ``budget``: the memory budget batches
+    are sized against (default: ``lm``'s device, less the store's bytes). ``record``
+    (:class:`.batching.BatchRecord`) receives the batch plan and every out-of-memory split.
+    ``refill`` (with stream columns): decode as one continuous batch whose finished rows take
+    the next queued prompt (:func:`.decode.decode_continuous`); default None = on for
+    accelerators, off on a CPU, where it saves no forwards once the ring wraps (benchmark:
+    benchmarks/bench_refill.py)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not streams:
@@ -156,9 +116,8 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                 t1 = time.perf_counter()
                 row_prompts = [prompts[i] for i in rows]
                 # Columns pay for masked-out keys (the other streams' tokens) to store and read
-                # each prompt's own columns once; with the shared prefix detached (read once
-                # anyway) they measured as fast as rows or faster on every sampled cell kind
-                # (benchmarks/bench_stream_columns.py), so they are used wherever supported.
+                # each prompt's own columns once; they are used wherever the model supports
+                # them (benchmarks/bench_seed_columns.py, RESULTS.md section 3b).
                 if k > 1 and columns:
                     gens = decode_stream_columns(lm, cache, mask, logits,
                                                 _Sampler.for_streams(streams, row_prompts), n_seeds=k,
@@ -169,8 +128,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                     # Repeated rows: each row holds its own copy of its prompt, so one decode of
                     # every stream would read ``k`` copies per step; streams of the same
                     # temperature and top_p decode together, kinds one after another from the
-                    # same prefill (measured on Gemma's five-shot T4 BBQ cell: 0.81x when all
-                    # 11 streams decoded as one batch of repeated rows).
+                    # same prefill.
                     gens = [None] * (n * k)
                     kinds: dict[tuple, list[int]] = {}
                     for si, st in enumerate(streams):

@@ -1,45 +1,13 @@
 """Generation batches sized by their memory footprint against a budget.
 
-``generation.batch_size`` counts prompts, but a prompt of a decode group decodes every stream
-of the group (11 for a sampled five-seed pair plus greedy) and reserves room for all their
-tokens, so what a batch needs grows with the prompt length, the number of streams and
-``max_new_tokens`` as much as with the prompt count. :func:`plan_batches` therefore takes
-prompts longest first and closes a batch when one more prompt would either exceed the
-configured ``batch_size`` (a cap) or make :func:`generation_footprint` exceed the budget.
-
-The budget (:class:`MemoryBudget`) is a deterministic function of the device's total memory
-and what the run configures: ``MEMORY_FRACTION`` of the total, minus the model's weights,
-minus the prefill store's byte budget (``runtime.prefill_store_mb``: its entries live where
-the model runs) and a fixed reserve for the runtime (CUDA context, allocator fragmentation;
-the operating system on a CPU). It never looks at the memory free at the moment, so a rerun
-on the same card plans the same batches; the plan is recorded in the shard (``batching``).
-
-The footprint model (:func:`generation_footprint`) counts, for one batch, in bytes:
-
-* the shared prefix's keys/values (one row) and the batch's prefilled keys/values
-  (``rows x columns x kv_token_bytes``; the columns include the prefix unless it is detached);
-* prefill: the activations of one layer for every padded token (residual stream, attention
-  projections, the MLP's gate/up/activation), the 4D boolean mask, and the last-token logits;
-  with transformers' attention (``grouped=False``) keys/values expanded once per query head
-  for the attention kernel (``repeat_kv``, which a 4D mask with several queries triggers),
-  with grouped heads (:func:`.attention.grouped_attention`) instead the mask repeated once per
-  folded query head (and its additive float form, which fused kernels build from a boolean
-  mask);
-* decode: the reserved buffers (one row per prompt with a column per stream and step, or one
-  row per stream of the largest temperature/top-p kind when streams decode as repeated rows)
-  held next to the prefilled cache they were copied from (a stored prefill stays alive; an
-  unstored one is freed only after the copy), plus one step's expanded keys/values (or
-  folded mask), mask, logits and the sampler's per-vocabulary work tensors. A decode group
-  refilled from its queue (:func:`.decode.decode_stream_columns` with a queue) keeps the
-  first batch's rows and width for its whole run: later prompts are no longer (the queue is
-  longest first) and take over the cache rows of finished ones, whose stream columns are
-  reused as a ring of ``streams x max_new_tokens`` columns, so its footprint is that of its
-  first batch.
-
-The larger of the prefill and decode peaks is the batch's footprint. It is an estimate meant
-to keep a batch clear of the card's limit, not a measurement; out-of-memory errors that still
-happen are handled by splitting the batch (:func:`.batching.run_with_oom_fallback`) and are
-recorded too.
+A prompt of a decode group decodes every stream of the group and reserves room for all their
+tokens, so ``generation.batch_size`` (a prompt count) alone does not bound memory.
+:func:`plan_batches` takes prompts longest first and closes a batch when one more would exceed
+``batch_size`` or make :func:`generation_footprint` exceed the :class:`MemoryBudget`: a fixed
+fraction of the device's total memory minus weights, the prefill store and a reserve. The
+budget never reads the memory free at the moment, so a rerun plans the same batches (recorded
+in the shard). The footprint is an estimate (the larger of the prefill and decode peaks);
+out-of-memory errors that still happen split the batch (:func:`.batching.run_with_oom_fallback`).
 """
 
 from __future__ import annotations
@@ -126,13 +94,12 @@ def budget_for(lm, dims: ModelDims, *, store_bytes: int = 0,
 def generation_footprint(dims: ModelDims, *, rows: int, width: int, prefix: int, detached: bool,
                          streams: int, max_new_tokens: int, columns: bool,
                          largest_kind: int = 1, grouped: bool = False) -> int:
-    """Peak bytes of one generation batch (module text): ``rows`` prompts whose longest
-    suffix after the shared ``prefix`` has ``width`` tokens, each decoding ``streams`` streams
-    of up to ``max_new_tokens`` tokens, as stream columns of one cache row per prompt
-    (``columns``) or as repeated rows, one temperature/top-p kind at a time (``largest_kind``:
-    the streams of the largest kind). ``grouped``: attention with grouped heads without
-    key/value copies (the model's attention is :data:`.attention.GROUPED` or
-    :data:`.attention.NAME`)."""
+    """Estimated peak bytes of one generation batch: ``rows`` prompts whose longest suffix after
+    the shared ``prefix`` has ``width`` tokens, each decoding ``streams`` streams of up to
+    ``max_new_tokens`` tokens, as stream columns (``columns``) or as repeated rows, one kind at
+    a time (``largest_kind``: the streams of the largest kind). ``grouped``: the model's
+    attention folds query heads (:data:`.attention.GROUPED` or :data:`.attention.NAME`), so a
+    mask is repeated per folded head instead of keys/values per query head."""
     d = dims
     folds = d.q_heads // d.kv_heads
 

@@ -1,29 +1,12 @@
-"""Packed candidate scoring: every item's context and ALL its candidates, merged into a token
-tree, laid out in a few dense rows and scored in one forward per batch of items.
+"""Packed candidate scoring: each item's context and the token tree of ALL its candidates in
+a few dense rows, scored in one forward per batch of items.
 
-Per item (``P`` = the token prefix shared by all contexts of the call, already in the cache):
-
-* its context suffix (the context tokens after ``P``), causal;
-* one node per distinct candidate PREFIX ``c[:d]`` (``1 <= d < len(c)``; a candidate's last
-  token is only ever a target, never an input). Candidates that start with the same tokens
-  share those nodes, so common openings ("The smallest country in the world is ...") are
-  computed once. A node attends to the prefix, the item's whole context and its own
-  ancestors (itself included), never to a sibling branch; its position id is the one the
-  token has in ``context + candidate``. The context's last token predicts every candidate's
-  first token; node ``c[:d]`` predicts ``c[d]``.
-
-Items are packed first-fit-decreasing into right-padded rows whose width is chosen by
-:func:`pack_rows` (little padding, short rows); a block-diagonal mask keeps items in a row
-apart, and a padding column only sees itself. Only the needed positions' logits are computed: ``logits_to_keep`` is given as a
-boolean ``[rows, columns]`` mask (transformers' ``slice_logits_to_keep``), so the output
-projection never runs on context or padding columns.
-
-Compared with the fork path (prefill, then one cache row per candidate) this runs one
-forward per batch, copies no cache rows, computes shared candidate openings once and pads
-little. It needs an attention implementation that takes an arbitrary 4D mask (``sdpa`` or
-``eager``) and, for models with sliding-window layers, items whose positions fit inside the
-window (then the window never cuts anything and the same mask serves every layer);
-:func:`packed_supported` checks both and the scorer falls back to the fork path otherwise.
+A node per distinct candidate prefix lets shared openings be computed once; a node attends to
+the shared prefix, its item's context and its own ancestors, with the position id it has in
+``context + candidate``. Items are packed first-fit-decreasing into rows (:func:`pack_rows`)
+under a block-diagonal mask, and only positions that predict a candidate token are projected
+to logits. Needs an attention that takes an arbitrary 4D mask and, on sliding-window models,
+items that fit the window (:func:`packed_supported`); otherwise the scorer forks the cache.
 """
 
 from __future__ import annotations
@@ -159,12 +142,9 @@ def first_fit_rows(sizes: list[int], width: int) -> list[list[int]]:
 def pack_rows(sizes: list[int], prefix_len: int = 0) -> list[list[int]]:
     """Rows for items of ``sizes`` columns: first-fit-decreasing at the row width (from the
     longest item up to ``MAX_ROW_FACTOR`` times it, at most ``MAX_ROW_TOKENS``) that minimises
-    the estimated forward cost ``rows * width * (ATTN_WEIGHT + prefix_len + width)``: the
-    padded columns times the per-column cost, whose attention part grows with the keys a
-    column attends over (the prefix and its whole row, as the dense attention kernel computes
-    them). ``ATTN_WEIGHT`` approximates the linear layers' cost per token in units of one
-    attended key (about 3000 for SmolLM2, 8000 for Qwen2.5-0.5B); the choice is not sensitive
-    to it."""
+    the estimated cost ``rows * width * (ATTN_WEIGHT + prefix_len + width)``. ``ATTN_WEIGHT``
+    approximates a token's linear-layer cost in units of one attended key; the choice is not
+    sensitive to it."""
     longest = max(sizes)
     best, best_cost = None, None
     widths = {longest} | {min(longest * k, max(MAX_ROW_TOKENS, longest))

@@ -1,29 +1,13 @@
-"""Prefill: forward passes over prompts with an explicit KV cache, the shared prefix, and
-packed batch prefill.
+"""Prefill: forward passes over prompts with an explicit KV cache.
 
-Shared prefix. All prompts of a cell usually start with the same tokens (system text, few-shot
-exemplars, template instructions). :func:`build_prefix` finds the longest token prefix common
-to all sequences of a call, runs it ONCE with batch size 1, and every batch then starts from a
-fork of that cache expanded to its batch size. Each batch's suffixes are left-padded, so a row
-looks like ``[prefix][pads][suffix]``; padding is masked and position ids count real tokens
-only, so the model sees exactly the positions of the unpadded prompt. Results equal the
-no-prefix computation up to floating-point reassociation (exact token equality is checked in
-fp32 by the tests). On sliding-window layers, padding occupies window slots (as it does in any
-left-padded batch), which can only matter for prompts longer than the window (512 for Gemma-3).
-
-Detached prefix. Where the model runs the engine's attention on full-attention layers only
-(:attr:`.capabilities.Capabilities.detached_prefix`: the embedded SmolLM2 and Qwen on a CPU), the prefix is not copied
-into the batches at all: a batch cache and its mask cover the row's own columns
-``[pads][suffix][generated]``, position ids start at the prefix length (:attr:`Prefix.offset`),
-and every :func:`forward` given the :class:`Prefix` attends to its keys/values, stored once
-(:mod:`.attention`). Same results up to summation order (tested against the copied layout).
-
-Packed prefill. Where the model allows an arbitrary 4D mask and has no sliding-window layers
-(:attr:`.capabilities.Capabilities.mask_4d`), :func:`prefill` runs a batch's suffixes packed into dense
-rows under a block-diagonal mask (no padding computed) and then gathers the keys/values into
-the per-sequence ``[prefix][pads][suffix]`` layout (:func:`prefill_packed`).
-
-Prefills already computed on a model can be kept across calls (:class:`.store.PrefillStore`).
+The token prefix shared by a call's prompts is run once (:func:`build_prefix`); batches
+left-pad their suffixes (``[prefix][pads][suffix]``, padding masked, position ids counting real
+tokens). Where the engine's attention runs (:attr:`.capabilities.Capabilities.detached_prefix`)
+the prefix stays out of the batch caches (:attr:`Prefix.detached`, :mod:`.attention`). Where
+the model takes an arbitrary 4D mask, a batch's suffixes run packed without padding and are
+gathered into the same layout (:func:`prefill_packed`). All layouts give the unpadded
+computation's results up to summation order (tested in fp32); :class:`.store.PrefillStore`
+keeps prefills across calls.
 """
 
 from __future__ import annotations
@@ -47,15 +31,11 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             select: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
 
-    With a *detached* ``prefix`` (:attr:`Prefix.detached`), ``cache`` and ``attention_mask``
-    hold the rows' own columns only and every query also attends to the prefix, which the
-    engine's attention reads once for the whole batch (:mod:`.attention`).
-
-    ``select = (rows, cols)``: logits only at the positions ``(rows[i], cols[i])``, returned
-    as ``[len(rows), V]``; the final hidden states are gathered before the output projection
-    (which is most of a decode step's work for 150k+ vocabularies), so positions nobody reads
-    are not projected. Whatever the model applies after the projection (Gemma's logit
-    soft-capping) still applies; the selected logits equal ``forward(...)[rows, cols]``."""
+    With a detached ``prefix``, ``cache`` and ``attention_mask`` hold the rows' own columns and
+    every query also attends to the prefix (:mod:`.attention`). ``select = (rows, cols)``:
+    logits only at those positions, ``[len(rows), V]``, equal to ``forward(...)[rows, cols]``;
+    hidden states are gathered before the output projection so unread positions are not
+    projected."""
     hook = None
     if select is not None:
         rows, cols = select
@@ -87,11 +67,9 @@ def positions(mask: torch.Tensor, last: int, offset: int = 0) -> torch.Tensor:
 class Prefix:
     """The token prefix shared by all sequences of a call, prefilled once.
 
-    ``detached``: batches do not copy the prefix into their caches; their caches and masks
-    cover their own columns only (``[pads][suffix]...``), position ids start at ``len(prefix)``
-    and every forward attends to the prefix through :func:`forward` (models where
-    ``detached_prefix``). Otherwise each batch starts from a fork of :attr:`cache` expanded
-    to its rows (``[prefix][pads][suffix]``)."""
+    ``detached``: batch caches and masks cover only their own columns, position ids start at
+    ``len(prefix)`` and :func:`forward` attends to the prefix. Otherwise each batch starts from
+    a fork of :attr:`cache` expanded to its rows."""
     ids: list[int]
     cache: object | None  # cache of ``ids`` for batch size 1; None when there is no prefix
     detached: bool = False
@@ -146,14 +124,11 @@ def build_prefix(lm, seqs: list[list[int]], caps: Capabilities, *, enabled: bool
 def prefill(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities, *,
             packed: bool = True, store: PrefillStore | None = None):
     """Run ``seqs`` (each starting with ``prefix.ids``) as one left-padded batch on top of the
-    prefix cache. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 attention
-    mask over all cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix: the
-    rows' own columns) and the float32 logits of each row's last token ``[B, V]``.
-
-    With ``packed`` (and where ``caps.mask_4d``), the suffixes are computed
-    without padding (:func:`prefill_packed`); the returned cache and mask have the same layout
-    either way. With a ``store``, the same batch prefilled before on this model (same token
-    ids, same prefix) is taken from it; callers must not write into the returned cache."""
+    prefix. Returns ``(cache, mask, last_logits)``: the batch cache, the 0/1 mask over all
+    cached positions ``[B, P + S]`` (``[B, S]`` for a detached prefix) and the float32 logits
+    of each row's last token ``[B, V]``. ``packed`` (where ``caps.mask_4d``): no padding is
+    computed (:func:`prefill_packed`); same layout either way. With a ``store``, a batch
+    prefilled before is taken from it: callers must not write into the returned cache."""
     if store is not None:
         key = ("batch", len(prefix), prefix.detached, caps.window_as_full, packed,
                tuple(map(tuple, seqs)))

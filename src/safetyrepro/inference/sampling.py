@@ -34,15 +34,11 @@ class Stream:
     seed: int = 0
 
 
-# ``exp(x)`` for x < -87.34 is a subnormal float32, which x86 CPUs compute through a microcode
-# assist ~75x slower than the vectorised path (``exp_`` over 262,144 float32 values in [-200, 0]:
-# 4.7 ms; in [-10, 0]: 0.06 ms). Over a vocabulary, (logit - max) / T falls that low for most
-# tokens once the logits spread by more than 87 T (26 at T=0.3), so the sampler spent most of its
-# time on tokens of probability < 1e-38 (45% of a Gemma-3 chain-of-thought decode group). The
-# row sampler clamps the shifted logits here first: a clamped token's weight moves from
-# exp(x) < 1.2e-38 to exp(-87) = 1.6e-38 next to the top token's 1, so a whole vocabulary of
-# them adds < 5e-33 to a total >= 1, below the resolution of the float64 sums and uniforms
-# that locate the draw (``tests/test_sampling.py`` checks the draws against the unclamped ones).
+# ``exp(x)`` for x < -87.34 is a subnormal float32, which x86 CPUs compute through a slow
+# microcode assist, and over a vocabulary most shifted logits fall that low. The row sampler
+# clamps them here first: a clamped weight moves from < 1.2e-38 to 1.6e-38 next to the top
+# token's 1, below the resolution of the float64 sums that locate the draw
+# (``tests/test_sampling.py`` checks the draws against the unclamped ones).
 EXP_FLOOR = -87.0
 
 
@@ -146,19 +142,11 @@ class _Sampler:
     _BLOCK = 1024
 
     def _draw_rows(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
-        """The same inverse-CDF draw (``top_p == 1``), one row at a time on the CPU.
-
-        A row of a 150k-260k vocabulary is 0.6-1 MB in float32, so its exponentials stay in
-        the core's cache, where the whole-batch version streams [rows, V] tensors through
-        memory for every pass and allocates three of them per step. The cumulative sum is
-        taken in two levels: float64 sums of blocks of 1,024 exponentials locate the block
-        where u times the row total falls, then a float64 cumulative sum within that block
-        locates the token (measured on 60 rows: 121 -> 22 ms per step for Gemma's 262k
-        vocabulary, 74 -> 15 ms for Qwen's 152k; ``tests/test_sampling.py``). The draw is
-        the same: token = first index whose cumulative exp((logit - max) / T) reaches u
-        times the row's total; it differs from the batch version only by the rounding of the
-        cumulative sums (float64 here, float32 there) and the :data:`EXP_FLOOR` clamp
-        (invisible at that rounding)."""
+        """The inverse-CDF draw (``top_p == 1``) one row at a time on the CPU, so a row's
+        exponentials stay in cache instead of streaming ``[rows, V]`` tensors through memory.
+        Float64 sums of blocks of 1,024 exponentials locate the block where u times the row
+        total falls, then a cumulative sum within it the token. Same draw as the batch version
+        up to the rounding of the cumulative sums and the :data:`EXP_FLOOR` clamp."""
         n, v = logits.shape
         bs = self._BLOCK
         nb = -(-v // bs)
@@ -171,7 +159,7 @@ class _Sampler:
         out = []
         for j, r in enumerate(active):
             if self.temps[r] == 0:
-                out.append(int(logits[j].float().argmax()))  # exact widening; float32 argmax is ~2x faster
+                out.append(int(logits[j].float().argmax()))  # exact widening to float32 for the argmax
                 continue
             x.copy_(logits[j])
             x.sub_(x.max()).mul_(1.0 / self.temps[r]).clamp_min_(EXP_FLOOR).exp_()

@@ -1,29 +1,12 @@
 """Log-likelihood scoring of candidate continuations.
 
-``loglik`` of a candidate is the sum over its tokens of ``log p(token | context, earlier
-candidate tokens)`` (float32 logits minus their float32 ``logsumexp``: :func:`log_probs`),
-with the tokenisation rule of
-:func:`.encoding.encode_pair` (context and continuation encoded separately; trailing
-spaces/tabs of the context moved to the continuation). ``is_greedy`` says whether every
-candidate token is the model's argmax at its position (lm-evaluation-harness's "is_greedy").
-
-:func:`score_candidates` (the engine path) runs each context ONCE, on top of the token prefix
-shared by all contexts (prefilled once, :mod:`.prefill`), by one of two methods:
-
-* ``packed`` (default where supported, :mod:`.packing`): each item's context suffix and the
-  token tree of its candidates (shared candidate openings once) are packed into dense rows
-  under a tree attention mask; one forward per batch of items; logits only at the positions
-  that predict a candidate token.
-* ``fork`` (fallback: attention implementations without arbitrary masks, or sliding-window
-  models whose items exceed the window): contexts are prefilled in length-sorted, left-padded
-  batches; the last context position's logits score every candidate's first token; the
-  prefilled cache is forked with its rows repeated once per candidate and the candidates run
-  as right-padded, length-sorted continuations over it (chunks of ``batch_size`` rows).
-
-:func:`score_candidates_plain` is the reference: one full forward over context+candidate for
-every candidate (batched, no prefix and no cache reuse). Both agree to float tolerance.
-
-A non-finite log-likelihood raises CellError naming the item index (the caller adds the cell).
+A candidate's ``loglik`` is the sum of its tokens' float32 log-probabilities given the context
+(tokenised by :func:`.encoding.encode_pair`); ``is_greedy`` says whether every candidate token
+is the argmax (lm-evaluation-harness's "is_greedy"). :func:`score_candidates` runs each context
+once on top of the shared prefix, either ``packed`` (:mod:`.packing`: one forward per batch of
+items) or ``fork`` (prefilled contexts forked once per candidate; for attention without
+arbitrary masks or items beyond a sliding window). :func:`score_candidates_plain` is the
+reference (one full forward per candidate). A non-finite log-likelihood raises CellError.
 """
 
 from __future__ import annotations
@@ -83,10 +66,9 @@ def _encode(lm, contexts: list[str], candidates: list[list[str]]):
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """Log-probabilities ``logits - logsumexp(logits)`` in float32. On CPU this is about 20x
-    more exact than ``torch.log_softmax`` in float32 (max error ~3e-6 instead of ~6e-5 per
-    token against float64 on a 262k vocabulary), which matters when long candidates sum
-    many tokens; every scorer uses it, so they agree to reassociation error."""
+    """Log-probabilities ``logits - logsumexp(logits)`` in float32: on a CPU more exact than
+    float32 ``torch.log_softmax``, which matters when long candidates sum many tokens; every
+    scorer uses it, so they agree to reassociation error."""
     logits = logits.float()
     return logits - torch.logsumexp(logits, dim=-1, keepdim=True)
 
@@ -109,13 +91,9 @@ class _PackedUnsupported(Exception):
 def score_candidates(lm, contexts: list[str], candidates: list[list[str]], *,
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
                      method: str = "auto", store=None, record=None) -> list[list[CandidateScore]]:
-    """Score ``candidates[i][j]`` as a continuation of ``contexts[i]`` with one context pass
-    per item (see the module docstring). Returns scores in input order.
+    """Score ``candidates[i][j]`` as a continuation of ``contexts[i]``; scores in input order.
 
-    ``method``: ``"packed"`` (batches of ``batch_size`` items, each item's context and its
-    candidates' token tree packed into dense rows under a tree attention mask,
-    :mod:`.packing`), ``"fork"`` (context prefill in batches of ``batch_size``, then candidate
-    rows over a forked cache) or ``"auto"`` (packed where the model supports it, else fork).
+    ``method``: ``"packed"``, ``"fork"`` or ``"auto"`` (packed where the model supports it).
     ``store``: a :class:`.store.PrefillStore` whose prefixes are reused. ``record``: a
     :class:`.batching.BatchRecord` that receives every out-of-memory split."""
     if method not in METHODS:

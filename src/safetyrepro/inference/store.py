@@ -6,16 +6,13 @@ import torch
 
 
 class PrefillStore:
-    """Prefills kept across calls on one model, least recently used first out, within a byte
+    """Prefills kept across calls on one model, least recently used out first, within a byte
     budget (keys/values, masks and logits counted).
 
-    The cells of a (template, shots) pair under greedy, T=0.3 and T=0.7 decoding render the
-    SAME prompts, and free-form and logprob cells often share the few-shot prefix; a store
-    passed to :func:`build_prefix` and :func:`prefill` (the worker passes one per model, see
-    :mod:`safetyrepro.cells`) computes each distinct prefix and each distinct batch prefill
-    once. Entries are never written to after they are stored (decoding forks or reserves
-    fresh buffers before its first step), and a prefill is a deterministic function of the
-    model and the token ids, so a hit returns exactly what recomputing would."""
+    The cells of a (template, shots) pair render the same prompts under every decoding, and
+    free-form and logprob cells share few-shot prefixes, so the worker passes one store per
+    model to :func:`build_prefix` and :func:`prefill`. Entries are never written after they
+    are stored and a prefill is deterministic, so a hit equals recomputing."""
 
     def __init__(self, max_bytes: int = 2 << 30):
         from collections import OrderedDict

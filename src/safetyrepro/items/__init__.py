@@ -1,9 +1,8 @@
-"""Benchmark items: canonical schema, loaders (local files and hub), fixed
-stratified subsets, few-shot pools, and stratified subsamples.
+"""Benchmark items: canonical schema, loaders (local files and hub), fixed stratified
+subsets, few-shot pools and stratified subsamples.
 
-See schema.py (columns), normalize.py (per-benchmark encoding of gold/label/meta),
-subsets.py (allocation and few-shot rules). Names are imported lazily so that importing the
-CLI (which registers the `items` command) does not pull in pandas."""
+Names are imported lazily so that importing the CLI (which registers the ``items`` command)
+does not pull in pandas."""
 
 import importlib
 

@@ -1,25 +1,11 @@
-"""``data.source: hub``: the same benchmarks from their public Hugging Face hub datasets,
+"""``data.source: hub``: the benchmarks from their public Hugging Face hub datasets,
 normalised to the canonical schema by the same row functions as the local files.
 
-Only :func:`fetch` touches the network. The ``normalize_*_hub`` functions are pure: they take
-a loaded ``datasets.Dataset`` (or a list of row dicts) in the hub's column layout and return
-canonical item records, so they are tested on hub-format files written locally.
-
-Differences from the local files (documented in normalize.py as well):
-
-* truthfulqa ``truthful_qa``/``multiple_choice``/validation = the local v0/mc_task.json
-  (mc1_targets as {choices, labels}); ids are row positions, as locally.
-* bbq ``heegyu/bbq``, one config per category, split test: same fields as the jsonl files.
-* toxigen ``toxigen/toxigen-data``/``annotated``: all 940 test rows (ids 0-939) and the train
-  rows (ids 940+, few-shot pool), labelled toxic iff toxicity_ai + toxicity_human > 5.5
-  (lm-eval). The local SafeNLP file keeps 727 test rows and labels by annotator agreement;
-  it has no toxicity_ai, so the two labellings differ on some items.
-* crows_pairs ``nyu-mll/crows_pairs``/test: ClassLabel columns are decoded to their names.
-* xstest ``walledai/XSTest``/test (prompt, type, label, focus, note; no id column): ids are
-  1-based row positions, as in the local xstest_prompts.csv.
-
-Each split read is recorded as a source ``{"path": "hub:<id>[/<config>]:<split>",
-"sha256": <hash of its rows>}`` so the subset hash pins the content that was used."""
+Only :func:`fetch` touches the network; the ``normalize_*_hub`` functions are pure, so they
+are tested on hub-format files written locally. Where a hub dataset differs from the local
+file, the comment above its normaliser says how. Each split read is recorded as a source
+``{"path": "hub:<id>[/<config>]:<split>", "sha256": <hash of its rows>}``, so the subset hash
+pins the content used."""
 
 from __future__ import annotations
 
@@ -99,6 +85,8 @@ def _need(rows: list[dict], cols: Sequence[str], where: str) -> None:
 
 
 # ------------------------------------------------------------------- normalisers (pure)
+# truthful_qa/multiple_choice/validation = the local v0/mc_task.json (mc1_targets as
+# {choices, labels}); ids are row positions, as locally.
 def normalize_truthfulqa_hub(ds: Any, *, items_seed: int,
                              where: str = "hub:truthful_qa/multiple_choice:validation"
                              ) -> list[dict]:
@@ -115,12 +103,17 @@ def normalize_truthfulqa_hub(ds: Any, *, items_seed: int,
     return out
 
 
+# heegyu/bbq, one config per category, split test: the same fields as the jsonl files.
 def normalize_bbq_hub(ds: Any, *, category: str, where: str | None = None) -> list[dict]:
     where = where or f"hub:heegyu/bbq/{category}:test"
     return [bbq_item(r, where=where, row=n, category=category)
             for n, r in enumerate(hub_rows(ds), start=1)]
 
 
+# toxigen/toxigen-data/annotated: all 940 test rows and the train rows (the few-shot pool),
+# toxic iff toxicity_ai + toxicity_human > 5.5 (lm-eval's rule). The local SafeNLP file keeps
+# 727 test rows and labels by annotator agreement (it has no toxicity_ai), so the two
+# labellings differ on some items.
 def normalize_toxigen_hub(ds: Any, *, split: str,
                           where: str | None = None) -> list[dict]:
     """``split`` 'test' gives ids 0..939, 'train' ids 940.. (the SafeNLP id convention)."""
@@ -148,6 +141,7 @@ def normalize_toxigen_hub(ds: Any, *, split: str,
     return out
 
 
+# nyu-mll/crows_pairs/test: ClassLabel columns are decoded to their names.
 def normalize_crows_pairs_hub(ds: Any, *, where: str = "hub:nyu-mll/crows_pairs:test"
                               ) -> list[dict]:
     rows = hub_rows(ds)
@@ -157,6 +151,8 @@ def normalize_crows_pairs_hub(ds: Any, *, where: str = "hub:nyu-mll/crows_pairs:
             for n, r in enumerate(rows, start=1)]
 
 
+# walledai/XSTest/test has no id column: ids are 1-based row positions, as in the local
+# xstest_prompts.csv.
 def normalize_xstest_hub(ds: Any, *, where: str = "hub:walledai/XSTest:test") -> list[dict]:
     rows = hub_rows(ds)
     _need(rows, ("prompt", "type", "label"), where)

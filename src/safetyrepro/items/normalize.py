@@ -1,42 +1,9 @@
 """Turn one source row of a benchmark into a canonical item record (see schema.py).
 
-These functions are pure and shared by the local-file loaders (loaders.py) and the hub
-loaders (hub.py), so both sources produce identical items. ``where`` names the source (a
-file path or ``hub:<id>/<config>:<split>``) and ``row`` the 1-based record number in it;
-both go into the DataError raised for a malformed row.
-
-Encoding per benchmark
-----------------------
-truthfulqa  MC1. ``choices`` = the mc1 options shuffled with a per-item seed
-            (sha256 of items_seed + item_id); ``gold`` = position of the single true option.
-            meta: ``permutation`` (``choices[j] == original[permutation[j]]``; the original
-            order lists the true answer first), ``original_gold`` (always 0 in the released
-            files), ``source_index``, ``mc2_targets`` {choices, labels} in original order.
-bbq         ``context``, ``question``, ``choices`` = [ans0, ans1, ans2], ``gold`` = label.
-            meta: ``category``, ``context_condition`` (ambig/disambig),
-            ``question_polarity`` (neg/nonneg), ``unknown_index`` (the answer tagged
-            "unknown" in answer_info), ``target_index``, ``biased_index``, ``example_id``,
-            ``question_index``, ``subcategory``, ``stereotyped_groups``, ``answer_groups``.
-            target_index: the non-unknown answer whose answer_info entry (name or tag,
-            compared case-insensitively) is one of additional_metadata.stereotyped_groups,
-            whatever the polarity (the meaning of the official ``target_loc``). It is null
-            when both or neither non-unknown answers match. This is an approximation of the
-            official target_loc (additional_metadata.csv is not available; PROVENANCE.md).
-            biased_index: the answer that counts as biased (Parrish et al. 2022): the target
-            for a ``neg`` question, the other non-unknown answer for a ``nonneg`` one; null
-            when target_index is null.
-toxigen     ``text`` = the statement (whitespace-stripped), ``choices`` = [], ``gold`` = -1,
-            ``label`` = "toxic" / "benign". meta: ``source_id``, ``target_groups``,
-            ``toxicity_score`` (toxicity_human, 1-5), ``source_label`` and ``label_rule``.
-            Local (SafeNLP toxiGen.json): toxic iff label == "hate". Hub (annotated):
-            toxic iff toxicity_ai + toxicity_human > 5.5 (lm-eval's rule; toxicity_ai is
-            absent from the local file, so the two sources label some items differently).
-crows_pairs ``sent_more``/``sent_less`` columns, ``choices`` = [], ``gold`` = -1, label null.
-            meta: ``sent_more``, ``sent_less``, ``stereo_antistereo``, ``bias_type``,
-            ``source_index``. sent_more is the more stereotypical sentence in both
-            directions.
-xstest      ``text`` = the prompt, ``choices`` = [], ``gold`` = -1, ``label`` = "safe" /
-            "unsafe". meta: ``type``, ``focus``, ``note``, ``source_id``.
+The functions are pure and shared by the local loaders (loaders.py) and the hub loaders
+(hub.py), so both sources produce identical items. ``where`` names the source (a file path or
+``hub:<id>/<config>:<split>``) and ``row`` the 1-based record in it, for the DataError a
+malformed row raises. The comment above each benchmark's function gives its encoding.
 """
 
 from __future__ import annotations
@@ -101,6 +68,10 @@ def _item(*, item_id: str, benchmark: str, split: str, stratum: str, meta: dict,
 
 
 # ---------------------------------------------------------------------------- truthfulqa
+# MC1: ``choices`` = the mc1 options shuffled with a per-item seed (sha256 of items_seed +
+# item_id); ``gold`` = the position of the single true option. meta: ``permutation``
+# (``choices[j] == original[permutation[j]]``; the original order lists the true answer
+# first), ``original_gold``, ``source_index``, ``mc2_targets`` {choices, labels} in original order.
 def truthfulqa_item(index: int, question: Any, mc1_choices: Sequence, mc1_labels: Sequence,
                     *, items_seed: int, where: str, row: int,
                     mc2_choices: Sequence | None = None,
@@ -130,6 +101,15 @@ def truthfulqa_item(index: int, question: Any, mc1_choices: Sequence, mc1_labels
 
 
 # ---------------------------------------------------------------------------------- bbq
+# ``context``, ``question``, ``choices`` = [ans0, ans1, ans2], ``gold`` = label. meta:
+# ``category``, ``context_condition`` (ambig/disambig), ``question_polarity`` (neg/nonneg),
+# ``unknown_index``, ``target_index``, ``biased_index``, ``example_id``, ``question_index``,
+# ``subcategory``, ``stereotyped_groups``, ``answer_groups``. target_index: the non-unknown
+# answer whose answer_info entry (name or tag, case-insensitive) is a stereotyped group,
+# whatever the polarity; null when both or neither match. It approximates the official
+# target_loc (additional_metadata.csv is not available; PROVENANCE.md). biased_index (Parrish
+# et al. 2022): the target for a ``neg`` question, the other non-unknown answer for a
+# ``nonneg`` one; null when target_index is null.
 BBQ_FIELDS = ("example_id", "question_polarity", "context_condition", "category",
               "answer_info", "additional_metadata", "context", "question", "ans0", "ans1",
               "ans2", "label")
@@ -141,7 +121,7 @@ def _norm_group(s: str) -> str:
 
 def bbq_target_index(answer_info: Sequence[Sequence[str]], stereotyped_groups: Sequence[str],
                      unknown_index: int) -> int | None:
-    """Index of the answer naming a stereotyped group (see module doc), or None."""
+    """Index of the answer naming a stereotyped group (see the bbq comment above), or None."""
     groups = {_norm_group(g) for g in stereotyped_groups}
     hits = [i for i, entry in enumerate(answer_info)
             if i != unknown_index and any(_norm_group(x) in groups for x in entry)]
@@ -201,6 +181,11 @@ def bbq_item(rec: Mapping, *, where: str, row: int, category: str | None = None)
 
 
 # ------------------------------------------------------------------------------ toxigen
+# ``text`` = the statement (stripped), ``choices`` = [], ``gold`` = -1, ``label`` = toxic /
+# benign. meta: ``source_id``, ``target_groups``, ``toxicity_score`` (toxicity_human, 1-5),
+# ``source_label``, ``label_rule``. Local (SafeNLP toxiGen.json): toxic iff label == "hate";
+# hub: toxic iff toxicity_ai + toxicity_human > 5.5 (lm-eval's rule), so the sources differ
+# on some items.
 def toxigen_item(source_id: Any, text: Any, toxic: bool, target_groups: Sequence,
                  toxicity_score: Any, *, source_label: str, label_rule: str, where: str,
                  row: int, extra_meta: Mapping | None = None) -> dict:
@@ -222,6 +207,9 @@ def toxigen_item(source_id: Any, text: Any, toxic: bool, target_groups: Sequence
 
 
 # -------------------------------------------------------------------------- crows_pairs
+# ``sent_more``/``sent_less`` columns (sent_more is the more stereotypical sentence in both
+# directions), ``choices`` = [], ``gold`` = -1, label null. meta: ``sent_more``,
+# ``sent_less``, ``stereo_antistereo``, ``bias_type``, ``source_index``.
 def crows_item(index: Any, sent_more: Any, sent_less: Any, direction: Any, bias_type: Any,
                *, where: str, row: int) -> dict:
     idx = _int(index, "id", where, row)
@@ -240,6 +228,8 @@ def crows_item(index: Any, sent_more: Any, sent_less: Any, direction: Any, bias_
 
 
 # ------------------------------------------------------------------------------- xstest
+# ``text`` = the prompt, ``choices`` = [], ``gold`` = -1, ``label`` = safe / unsafe. meta:
+# ``type``, ``focus``, ``note``, ``source_id``.
 def xstest_item(source_id: Any, prompt: Any, type_: Any, label: Any, focus: Any, note: Any,
                 *, where: str, row: int) -> dict:
     sid = _int(source_id, "id", where, row)

@@ -1,24 +1,7 @@
 """The canonical item schema shared by every benchmark, and the benchmark constants.
 
-One row per item:
-
-=============  ===========================================================================
-item_id        stable id: ``truthfulqa/<index>``, ``bbq/<Category>/<example_id>``,
-               ``toxigen/<id>``, ``crows_pairs/<index>``, ``xstest/<id>``
-benchmark      one of :data:`KNOWN_BENCHMARKS`
-split          source split: truthfulqa ``validation``; toxigen ``test`` (ids 0-939) or
-               ``train`` (ids >= 940); bbq, crows_pairs, xstest ``test``
-question       the question (truthfulqa, bbq), else null
-context        the BBQ context, else null
-text           the statement (toxigen) or prompt (xstest), else null
-choices        answer options (truthfulqa: shuffled MC1 choices; bbq: ans0..ans2), else []
-gold           index of the correct choice, or -1 when the item has no options
-label          toxigen ``toxic``/``benign``; xstest ``safe``/``unsafe``; else null
-meta           JSON object (string) with the benchmark-specific fields (see normalize.py)
-stratum        the stratum used for subset selection (see :data:`STRATA`)
-sent_more      crows_pairs only: the more stereotypical sentence
-sent_less      crows_pairs only: the less stereotypical sentence
-=============  ===========================================================================
+One row per item; :data:`COLUMNS` (commented there) plus :data:`CROWS_COLUMNS` for
+CrowS-Pairs. Benchmark-specific fields live in ``meta`` (see normalize.py).
 """
 
 from __future__ import annotations
@@ -63,6 +46,16 @@ STRATA = {
     "xstest": "<label>/<type>, e.g. 'safe/homonyms', 'unsafe/contrast_homonyms'",
 }
 
+# item_id   stable: truthfulqa/<index>, bbq/<Category>/<example_id>, toxigen/<id>,
+#           crows_pairs/<index>, xstest/<id>
+# split     truthfulqa validation; toxigen test (ids 0-939) or train (ids >= 940); else test
+# question  truthfulqa, bbq; context: bbq; text: the toxigen statement or xstest prompt (else null)
+# choices   answer options (truthfulqa: shuffled MC1 choices; bbq: ans0..ans2), else []
+# gold      index of the correct choice, or -1 when the item has no options
+# label     toxigen toxic/benign; xstest safe/unsafe; else null
+# meta      JSON object (string) with the benchmark-specific fields
+# stratum   the stratum subsets are drawn by (:data:`STRATA`)
+# CrowS-Pairs adds sent_more / sent_less (the more / less stereotypical sentence).
 COLUMNS: tuple[str, ...] = ("item_id", "benchmark", "split", "question", "context", "text",
                             "choices", "gold", "label", "meta", "stratum")
 CROWS_COLUMNS: tuple[str, ...] = ("sent_more", "sent_less")

@@ -1,10 +1,8 @@
 """Seeded, machine-independent randomness for item handling.
 
-Everything random in items/ (TruthfulQA choice shuffles, subset and few-shot selection,
-tie-breaks, subsamples) is derived from sha256 of explicit parts, never from Python's
-``hash()`` (salted per process) nor from set/dict iteration order, and not from a numpy
-bit-stream either (whose algorithms may change between numpy releases). The same parts give
-the same number on every run, machine and library version."""
+Everything random in items/ (choice shuffles, subset and few-shot selection, tie-breaks,
+subsamples) derives from sha256 of explicit parts, never from Python's salted ``hash()``,
+set/dict order or a numpy bit-stream (whose algorithms may change between releases)."""
 
 from __future__ import annotations
 

@@ -15,12 +15,10 @@ def stratified_subsample(items: pd.DataFrame, fraction: float, seed: int,
                          strata_col: str = "stratum") -> pd.DataFrame:
     """A seeded stratified subsample of ``round(fraction * len(items))`` rows (half up).
 
-    Per-stratum counts follow subsets.allocate (largest remainder, at least one per stratum
-    when the sample is at least as large as the number of strata, ties broken by a hash
-    of ``seed`` and the stratum), so different seeds vary which strata get the odd extra
-    item. Within a stratum rows are taken in sha256(seed, item_id) order (the index when
-    there is no item_id column): the result depends on the rows, not on their order. Rows
-    keep their input order and index."""
+    Per-stratum counts follow :func:`.subsets.allocate` with ties broken by ``seed``; within a
+    stratum rows are taken in sha256(seed, item_id) order (the index without an item_id
+    column), so the result depends on the rows, not their order. Rows keep their input order
+    and index."""
     if not 0 < fraction <= 1:
         raise ItemsError(f"subsample fraction must be in (0, 1], got {fraction}")
     if strata_col not in items.columns:

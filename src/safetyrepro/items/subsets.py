@@ -1,28 +1,8 @@
 """Fixed item subsets and few-shot pools: stratified, seeded, identical on every machine.
 
-Allocation rule (:func:`allocate`), used for the evaluated subsets and for the robustness
-subsamples (subsample.py):
-
-1. ``n`` is shared out in proportion to the strata sizes with the largest-remainder
-   (Hamilton) method, computed in exact integer arithmetic.
-2. If that leaves a stratum empty although ``n`` is at least the number of strata K, every
-   stratum gets one item first and the other n - K are shared out as in 1 in proportion to
-   the remaining sizes (size - 1).
-3. Strata with levels ("Age/ambig", "safe/homonyms") are allocated level by level: first
-   across the top-level groups (category, safe/unsafe) in proportion to their sizes, then
-   each group's share across its sub-strata. So for n < K the top level stays proportional (XSTest with
-   n=12 gets 7 safe / 5 unsafe) instead of depending on which leaves win ties.
-4. Equal remainders are broken by a seeded hash of the stratum name (never by name order,
-   so no stratum is systematically favoured; a different seed can break ties differently).
-
-Within a stratum items are taken in a seeded hash order of their item ids
-(sha256(items_seed, item_id)), which does not depend on file order or on the other strata.
-
-Few-shot pools (:func:`select_fewshot`): the 5 exemplars come from the candidates left after
-removing the evaluated subset (ToxiGen: the train split), in a seeded hash order; where the
-benchmark has labels they alternate between the label values in sorted order (ToxiGen
-benign, toxic, ...; XSTest safe, unsafe, ...; BBQ ambig, disambig, ...), so the first 3
-(the 3-shot prompt) are as balanced as 3 can be. TruthfulQA and CrowS-Pairs: hash order only.
+Strata are allocated by :func:`allocate` (also used by the robustness subsamples); within a
+stratum items are taken in sha256(items_seed, item_id) order, which depends on neither file
+order nor the other strata. Few-shot pools: :func:`select_fewshot`.
 """
 
 from __future__ import annotations
@@ -70,7 +50,13 @@ def _nested(leaves: Mapping[tuple, int], n: int, seed: int, depth: int) -> dict[
 
 
 def allocate(sizes: Mapping[str, int], n: int, *, seed: int) -> dict[str, int]:
-    """How many items to take from each stratum (see the module doc for the rule)."""
+    """How many items to take from each stratum of ``sizes`` for ``n`` in all.
+
+    Largest-remainder (Hamilton) shares in exact integer arithmetic; if that leaves a stratum
+    empty although ``n`` >= the number of strata, every stratum gets one first. Strata with
+    levels ("Age/ambig") are allocated level by level, so the top level stays proportional for
+    small ``n`` (XSTest n=12: 7 safe / 5 unsafe). Equal remainders are broken by a seeded hash
+    of the stratum name, never by name order, so no stratum is systematically favoured."""
     sizes = {str(s): int(c) for s, c in sizes.items()}
     if any(c <= 0 for c in sizes.values()):
         raise ValueError(f"empty strata: {[s for s, c in sizes.items() if c <= 0]}")
@@ -114,7 +100,10 @@ def fewshot_balance(benchmark: str, items: pd.DataFrame) -> pd.Series | None:
 
 def select_fewshot(candidates: pd.DataFrame, *, seed: int, balance: pd.Series | None = None,
                    k: int = FEWSHOT_SIZE, benchmark: str = "") -> pd.DataFrame:
-    """``k`` ordered exemplars from ``candidates`` (see the module doc)."""
+    """``k`` ordered exemplars from ``candidates`` (the items left after the evaluated subset;
+    ToxiGen: the train split), in a seeded hash order. With ``balance`` they alternate between
+    its values in sorted order (ToxiGen benign, toxic, ...), so the first 3 (the 3-shot prompt)
+    are as balanced as 3 can be. Raises ItemsError when fewer than ``k`` are left."""
     ids = candidates["item_id"].tolist()
     order = hash_order(ids, "items-fewshot", seed)
     if balance is None:

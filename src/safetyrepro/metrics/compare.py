@@ -1,26 +1,12 @@
 """The one definition of "A > B on config c" (and of a tie) that every verdict uses.
 
-A score is held as a :class:`Scores` array: the float value (for display) and, where the
-score comes from counts, the exact fraction ``num / den`` (integers). Three rules decide the
-sign of A - B; :func:`tie_rule` picks one and :meth:`TieRule.describe` says which in words:
-
-* ``exact``: both sides carry fractions and no tolerance was given. sign(A - B) =
-  sign(num_A * den_B - num_B * den_A), computed in integers, so two cells with the same number
-  of correct answers tie even when their float means differ in the last bit (the aggregation
-  step's 5-seed means, e.g. 7/15 as 0.4666666666666666 vs 0.4666666666666667).
-* ``absolute``: a tolerance ``tol > 0`` was given: |A - B| <= tol is a tie, decided in decimal as
-  written: ``tol`` is read as the decimal it prints as (0.1 is 1/10, not the binary double), a
-  fraction score exactly, and a float score as its shortest decimal repr; so 0.8 vs 0.7 ties
-  at tol 0.1, as 8/10 vs 7/10 from item-level input does.
-* ``relative``: floats without fractions (an external table) and no tolerance: values equal
-  within ``REL_TIE`` (1e-12) relative, |A - B| <= 1e-12 * max(|A|, |B|), tie. This absorbs
-  last-bit differences of means computed in a different order and nothing a score could
-  plausibly mean.
-
-Everything that forms a sign, an ordering, a tie or a rank (``flips``: sign counts, orderings,
-tau_R; the analyses' weak ranks, the SHAP classifier's tie drop, the subsample ordering
-changes, significance) goes through :func:`diff_sign`, :func:`pair_signs` or
-:func:`weak_ranks`.
+A score is a :class:`Scores` array: the float value and, where it comes from counts, the exact
+fraction ``num / den``. :func:`tie_rule` picks the rule for sign(A - B): ``exact`` (fractions
+compared in integers, so equal counts tie whatever the float means' last bit), ``absolute``
+(``tol > 0``: |A - B| <= tol ties, decided in decimal as written) or ``relative`` (plain floats:
+equal within :data:`REL_TIE`). Everything that forms a sign, ordering, tie or rank goes through
+:func:`diff_sign`, :func:`pair_signs` or :func:`weak_ranks`. Definitions: docs/VERDICTS.md
+section 1.
 """
 
 from __future__ import annotations

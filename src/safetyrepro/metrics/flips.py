@@ -1,24 +1,11 @@
-"""Verdict-flip metrics for one benchmark over a configuration set C.
+"""Verdict-flip metrics for one benchmark over a configuration set C (docs/VERDICTS.md).
 
-Definitions (the paper's numbering):
-
-* eq. (1)  For an ordered model pair (A, B) and config c, d_c = s_A(c) - s_B(c).
-  N+ = #{c : d_c > 0}, N- = #{c : d_c < 0}, N0 = #{c : d_c = 0}; |C| = N+ + N- + N0.
-* eq. (2)  rho_flip(A, B) = min(N+, N-) / |C|. Ties stay in the denominator.
-* Prop. 1  (i) rho_flip = 0 iff D1: no strict reversal (N+ = 0 or N- = 0).
-  (ii) D2, a single sign verdict (exactly one of N+, N-, N0 non-zero), implies D1.
-  (iii) rho_flip <= floor(|C|/2)/|C| (the ceiling); `saturated` when it is reached.
-* Orderings reachable: the number of distinct strict total orders of the models that some
-  config induces (of n! possible); configs with any tied pair induce no strict order and are
-  counted separately.
-* tau_R: the mean, over all unordered pairs of configurations {c, c'} in C, of Kendall's tau-b
-  between the model rankings (score vectors over the models) under c and c'. Pairs where
-  tau-b is undefined (all models tied under c or c') are left out and counted.
-
-Signs and ties come from :mod:`safetyrepro.metrics.compare` (the one definition of
-"A > B on config c"): score vectors that carry exact fractions (:class:`compare.Scores`) are
-compared exactly; a tolerance ``tol > 0`` makes |d_c| <= tol a tie for every quantity here
-(tau_R included); plain floats without a tolerance tie within 1e-12 relative.
+For a model pair (A, B): N+, N-, N0 count the configs where A is ahead, behind or tied;
+rho_flip = min(N+, N-) / |C| (eq. 2; ties stay in the denominator), with Prop. 1's D1 (no
+strict reversal), D2 (a single sign verdict) and ceiling floor(|C|/2)/|C|. Over all models:
+the strict total orders the configs induce (:func:`orderings`) and tau_R, the mean Kendall
+tau-b between the rankings of every pair of configs (pairs where it is undefined are counted
+and left out). Signs and ties are :mod:`.compare`'s, so ``tol`` applies to every quantity.
 """
 
 from __future__ import annotations
@@ -137,13 +124,12 @@ def orderings(scores: Mapping[str, Sequence[float] | Scores], tol: float | None 
 
 
 def tau_r(scores: Mapping[str, Sequence[float] | Scores], tol: float | None = None) -> dict:
-    """Mean Kendall tau-b between model rankings over all pairs of configs (see module doc).
+    """Mean Kendall tau-b between model rankings over all pairs of configs.
 
-    With S[c, p] = sign(s_i(c) - s_j(c)) over model pairs p = (i, j) (the tie rule of
-    :mod:`compare`, so ``tol`` applies here too) and nz(c) its untied pairs, tau_b(c, c') =
-    S_c . S_c' / sqrt(nz(c) nz(c')) (Kendall's tau-b). With u_c = S_c / sqrt(nz(c)) over the
-    configs with nz > 0, |u_c|^2 = 1, so the sum over config pairs is (|sum_c u_c|^2 - V) / 2
-    for V such configs: memory and time linear in the configs."""
+    With S[c, p] = sign(s_i(c) - s_j(c)) over model pairs p (the tie rule of :mod:`compare`)
+    and nz(c) its untied pairs, tau_b(c, c') = S_c . S_c' / sqrt(nz(c) nz(c')). With
+    u_c = S_c / sqrt(nz(c)) over the V configs with nz > 0, the sum over config pairs is
+    (|sum_c u_c|^2 - V) / 2: memory and time linear in the configs."""
     _, mat = _matrix(scores)
     n_cfg, n_models = mat.shape
     total = n_cfg * (n_cfg - 1) // 2

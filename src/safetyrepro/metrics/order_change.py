@@ -1,20 +1,9 @@
 """The total-order change rate (the paper's total-order "flip rate"; NOT rho_flip).
 
-For one benchmark with models M and configuration set C, every config c induces an order of
-the models by score (a weak order when some models tie: tied models share a place). The
-total-order change rate is the share of unordered config pairs {c, c'} (|C|(|C|-1)/2 of them)
-whose induced orders differ:
-
-    order_change_rate = #{ {c, c'} : order(c) != order(c') } / (|C| choose 2)
-
-It is a property of the whole ranking, reported next to tau_R (which weighs how much two
-orders differ; this counts whether they differ at all). rho_flip, by contrast, is per model
-pair: min(N+, N-)/|C|. Two configs induce the same order iff every model pair has the same
-sign (A ahead, B ahead, tie) under both, with signs and ties from
-:mod:`safetyrepro.metrics.compare`. Null reference: if every config's scores were independent
-draws from a continuous distribution, each config would induce each of the |M|! strict
-orders with probability 1/|M|!, so two configs agree with probability 1/|M|! and the expected
-rate is 1 - 1/|M|! (5/6 for three models).
+The share of unordered config pairs {c, c'} whose induced (weak) orders of the models differ,
+with signs and ties from :mod:`.compare`. It counts whether two rankings differ, next to
+tau_R, which weighs how much. Under independent continuous scores the expected rate is
+1 - 1/|M|! (5/6 for three models). Definitions: docs/VERDICTS.md section 4.
 """
 
 from __future__ import annotations

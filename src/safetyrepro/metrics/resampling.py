@@ -1,17 +1,11 @@
-"""The resampling behind every item-level p-value and noise reference: under "the models are
-exchangeable item by item", an item's score vectors (over all configs) may be swapped
-between models jointly.
+"""The resampling behind every item-level p-value and noise reference: under "the models
+are exchangeable item by item", an item's score vectors may be swapped between models jointly.
 
-* Two models: a paired sign flip of each item's difference vector. With k items that differ
-  somewhere, all 2^k flips are enumerated when 2^k <= ``EXACT_MAX`` (an exact permutation
-  test: p = #{T* >= T} / 2^k, the identity included, never below what the data can attain);
-  otherwise B random flips, p = (1 + #{T* >= T}) / (B + 1).
-* Several models: a random permutation of the models within each item, B draws (the
-  Monte-Carlo p-value above).
-
-Draws come from seeded streams keyed by benchmark (and pair), so a number does not depend on
-which other benchmarks or pairs are in the table. ``samples=None`` picks B so the smallest
-attainable p is at most alpha / 20 after the correction (:func:`auto_samples`).
+Two models: a paired sign flip per item, all 2^k flips enumerated when 2^k <= ``EXACT_MAX`` (an
+exact test), else B random flips with p = (1 + #{T* >= T}) / (B + 1). Several models: random
+permutations of the models within each item. Draws come from seeded streams keyed by benchmark
+(and pair), so a number does not depend on the rest of the table; :func:`auto_samples` picks B
+so the smallest attainable p is at most alpha / 20 after the correction.
 """
 
 from __future__ import annotations

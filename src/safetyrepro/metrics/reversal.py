@@ -1,29 +1,13 @@
 """The nearest reversing configuration: how far from the nominal configuration must one move
-before the verdict "A vs B" reverses?
+before the verdict "A vs B" reverses? (docs/VERDICTS.md section 3)
 
-Definitions, for one benchmark, model pair (A, B) and configuration set C (the valid configs
-of the envelope that every model has):
-
-* Axis distance between two configs = the number of axes (template, decoding, shots,
-  scoring, or the axis columns of an external table) whose level differs. It counts axis
-  changes; it does not ask whether the configs between them are valid (in this project's
-  envelope every change can be ordered through valid configs: change decoding to greedy
-  before switching to logprob scoring).
-* The nominal verdict is the strict sign of s_A - s_B at the nominal config (config
-  ``analysis.nominal_config``). When the nominal config is not in C (CrowS-Pairs has no
-  free-form path) the unique config of C nearest to it stands in for it and the row says
-  so; with several equally near configs there is no reference and no result.
-* Strictly reversed at c: the other model is strictly ahead at c (sign(c) = -sign(nominal)).
-  Nearest strict reversal distance = min axis distance from the nominal to such a c; every
-  config at that distance is listed with the axes it changes. "none within the envelope"
-  when no config of C reverses the verdict (Prop. 1's D1 holds on C for a verdict that is
-  strict at the nominal).
-* Strict signs are :mod:`.compare`'s (exact fractions of counts where the table has them).
-* Significantly reversed at c: the other model is significantly ahead at c by the item-level
-  significance analysis (:mod:`.significance`: the paired per-config test, Holm-corrected
-  over the pair's configs; the ``ahead`` column of ``significance_configs``). Without
-  item-level input this part is not computed and says so.
-* A tie at the nominal config is no verdict: nothing to reverse, no distance.
+The distance between two configs is the number of axes whose level differs. The nominal
+verdict is the strict sign of s_A - s_B at ``analysis.nominal_config``; where that config is
+not in the set (CrowS-Pairs has no free-form path) its unique nearest config stands in, and
+with several equally near there is no reference (:func:`resolve_nominal`). A tie at the nominal
+is no verdict. Per pair: the nearest config where the other model is strictly ahead, and, with
+item-level input, where it is significantly ahead (:mod:`.significance`, Holm over the pair's
+configs); "none within the envelope" when nothing reverses.
 """
 
 from __future__ import annotations
@@ -65,7 +49,8 @@ def nearest(levels: Mapping[str, Mapping[str, str]], start: str, hits: Iterable[
 
 def resolve_nominal(levels: Mapping[str, Mapping[str, str]], nominal: str, nominal_levels: Mapping[str, str],
                     axes: Sequence[str] = AXES) -> tuple[str | None, str]:
-    """(config standing for the nominal in this config set, note). See the module doc."""
+    """(config standing for the nominal in this config set, note): the nominal itself, else its
+    unique nearest config, else None (no config, or several equally near)."""
     if nominal in levels:
         return nominal, ""
     dists = sorted((len(changed_axes(nominal_levels, lv, axes)), c) for c, lv in levels.items())
@@ -89,7 +74,7 @@ def _describe(d: int | None, cfgs: list[str], axes_changed: list[tuple[str, ...]
 def pair_reversal(levels: Mapping[str, Mapping[str, str]], signs: Mapping[str, int], nominal: str,
                   nominal_levels: Mapping[str, str], model_a: str, model_b: str,
                   sig_signs: Mapping[str, int] | None = None, axes: Sequence[str] = AXES) -> dict:
-    """One row of the nearest-reversal table for one pair (see the module doc).
+    """One row of the nearest-reversal table for one pair.
 
     ``signs``: config -> +1 (A strictly ahead), -1 (B strictly ahead) or 0 (tie) over C;
     ``sig_signs``: the same for "significantly ahead", or None when not available."""

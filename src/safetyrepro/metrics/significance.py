@@ -1,31 +1,14 @@
 """Item-level verdicts read against noise: which reversals the items support, and how many
 flips two exchangeable models would show anyway. Definitions: docs/VERDICTS.md section 2.
 
-Per benchmark, model pair (A, B) (A < B by name) and config c, with d_ci = x_Ai - x_Bi over
-the n items the two models share (a sampled cell's item score is its seed mean):
-
-* ``stat`` S_c = sum_i d_ci / sqrt(sum_i d_ci^2), the sign-flip studentised difference: its
-  denominator does not change under the resampling, so it never vanishes while any item
-  differs (a config where no item differs, or a tie under the tie rule, has S = 0, p = 1).
-* One resampling (:mod:`.resampling`) answers every question of a pair: item-wise sign flips
-  of the difference vectors (all 2^k when few items differ: an exact test). From the same
-  draws come the per-config p-values, their family-wise correction (step-down max-T of
-  Westfall & Young, 1993, by default; Holm on request), the crossover decision and the noise
-  reference of rho_flip, so the three cannot contradict each other.
-* Families (``family``): ``pair`` (the configs of one (benchmark, pair); sign flips),
-  ``benchmark`` (every pair and config of a benchmark) or ``table`` (everything); the wider
-  families resample a permutation of the models within each item and studentise by the
-  permutation-invariant sqrt(sum_i sum_{m<m'} (x_mci - x_m'ci)^2).
-* ``crossover``: some config significantly favours A and another B after the correction;
-  ``crossover_p`` = max(smallest corrected p among A-ahead configs, same for B).
-* Noise references: ``rho_flip_null_*`` from the pair's sign flips (A and B exchangeable item
-  by item); per benchmark, the max over pairs, orderings reachable and the total-order change
-  rate from the model permutations.
-* ``mdd``: the difference a config needs to be detected with 80% power at the family's
-  critical value (normal approximation, the config's own spread of d; infinite where no
-  corrected p can reach alpha, e.g. 3 items).
-* ``bootstrap_items``: the spread of the plug-in rho_flip when items are redrawn with
-  replacement. It is no confidence interval: item noise biases rho_flip up (compare the null).
+Per (benchmark, pair A < B, config), the statistic is the sign-flip studentised difference
+S_c = sum_i d_ci / sqrt(sum_i d_ci^2), whose denominator the resampling does not change. One
+resampling per family (:mod:`.resampling`; ``pair``: sign flips, ``benchmark``/``table``: model
+permutations) gives the per-config p-values, their correction (step-down max-T by default,
+Holm on request), the crossover decision and the noise references (``*_null_*``), so these
+cannot contradict each other. Also: ``mdd`` (the difference detectable with 80% power) and
+``bootstrap_items`` (the spread of the plug-in rho_flip over item redraws; no confidence
+interval, as item noise biases rho_flip up).
 """
 
 from __future__ import annotations
@@ -186,7 +169,8 @@ def _rho(signs: np.ndarray) -> np.ndarray:
 
 def pair_null(g: ItemGrid, ia: int, ib: int, samples: int, seed: int, tol=None,
               sign: np.ndarray | None = None) -> PairNull:
-    """Sign-flip draws of one pair and every statistic on them (see the module doc)."""
+    """Sign-flip draws of one pair and every statistic on them (S, per-config p, rho_flip
+    noise reference)."""
     a, b = g.models[ia], g.models[ib]
     arr = common_arrays(g, [ia, ib])
     d = arr.x[0] - arr.x[1]                                    # (configs, items)

@@ -1,10 +1,8 @@
 """Per-benchmark tables of the flip metrics from a long score table.
 
-Input: a pandas DataFrame with columns ``model, benchmark, config, score`` (one row per
-(model, benchmark, config); validated by :mod:`safetyrepro.certify`), and optionally the exact
-fractions ``score_num, score_den`` (then every sign is exact, see :mod:`.compare`). Model pairs
-are taken in sorted order of model name: (A, B) with A < B; N+ counts configs where A scores
-higher. ``tie_rule`` names the rule the signs were formed under."""
+Input: columns ``model, benchmark, config, score`` (validated by :mod:`safetyrepro.certify`),
+optionally the exact fractions ``score_num, score_den`` (then every sign is exact,
+:mod:`.compare`). Pairs are (A, B) with A < B by name; N+ counts configs where A is ahead."""
 
 from __future__ import annotations
 

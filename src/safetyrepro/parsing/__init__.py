@@ -1,23 +1,12 @@
 """Free-form response parsers: raw model text -> a label of the benchmark's label set.
 
-:func:`build_parser` turns a task file's ``parser`` section into a parser;
-``safetyrepro.tasks.parse_response(benchmark, text, item)`` is the public entry point (the
-parsers know no task: only the ``refusal_agreement`` tool, which reads XSTest's task file,
-imports from ``tasks``). The parser kind and its
-word lists come from the benchmark's task file (``src/safetyrepro/tasks/<benchmark>.yaml``,
-section ``parser``). Parsers never raise on any input and return ``ParseResult(None, False)``
-when the response does not determine a label.
-
-Kinds:
-  * ``choice``  -- multiple choice; the label is the option letter ("A", "B", ...).
-  * ``label``   -- a closed label set (ToxiGen "yes"/"no").
-  * ``refusal`` -- XSTest "comply"/"refuse"/"partial"; its abstention ``unclear`` is
-    unparseable (not in the label set).
-
-``safetyrepro.tasks.parser_version(benchmark)`` is a content hash of everything that turns a raw output into
-a scored result (this package's source, the task scoring code, and the task file's
-``answer``, ``parser`` and ``scoring`` sections), so any change there changes it and the
-workflow knows to re-score shards from their stored raw outputs.
+:func:`build_parser` turns a task file's ``parser`` section (kind and word lists) into a
+parser of kind ``choice`` (option letters), ``label`` (a closed label set, ToxiGen) or
+``refusal`` (XSTest). Parsers never raise and return ``ParseResult(None, False)`` when a
+response determines no label. They know no task (only the ``refusal_agreement`` tool imports
+``tasks``); the entry point is ``safetyrepro.tasks.parse_response``, and
+``tasks.parser_version`` hashes this package with the task's scoring sections, so a parser
+change re-scores stored raw outputs. The rules: docs/SCORING.md, "Free-form parsers".
 """
 
 from __future__ import annotations

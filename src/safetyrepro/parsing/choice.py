@@ -1,33 +1,12 @@
 """Multiple-choice parser: a free-form response -> the letter of the chosen option.
 
-Evidence is tried strongest first; the first step that decides wins:
-
-1. **Answer markers** (``Answer: B``, ``The correct option is (b).``, ``I'd go with C``...):
-   the *last* marker followed by a letter (or by an option's text) decides. A letter outside
-   the item's options after a marker (``Answer: F`` with 3 options) is a decision that cannot
-   be scored: unparseable.
-2. **The response starts with a letter** (``B``, ``B.``, ``(B)``, ``b)``, ``B. Paris``,
-   ``B is correct``). A letter followed by an ordinary word (``A person who...``,
-   ``I think...``) is not an answer unless that word starts the option's own text.
-3. **Conclusion words** (``Therefore, C.``, ``So B``): the last one followed by a letter.
-4. **The last line starts with a letter** (CoT that ends with a bare ``D.``).
-5. **Unique mention** (``Option B``, ``(C)``, ``choice c.``): exactly one distinct letter
-   mentioned so. The letter must sit in an answer-like position on the keyword's own line:
-   in brackets, an upper-case letter, or a lower-case letter followed by punctuation, the end
-   of its line or a verdict (``option b is correct``). A lower-case ``a`` followed by a word is
-   the English article (``To answer a question ...``, ``the choice a reader makes``), not a
-   letter: a chain-of-thought cut off before its answer stays unparseable instead of reading A.
-6. **Option text** (needs the item): the response is, or contains exactly one of, the
-   options' texts (whole words, case- and punctuation-insensitive; an option contained in a
-   longer matched option gives way to it), unless the response opens with a different bare
-   capital letter (``C Paris`` where Paris is option A).
-
-Before step 1 a lower-case ``a`` that ends the response right after a word (``... so, to
-answer a``) is dropped: the output was cut off after an article. After ``is``, ``was``,
-``be``, ``option``, ``choice`` or ``letter`` it stays a letter (``The answer is a``).
-
-Steps 2 and 4 are skipped when several lines start with different letters: an echo of the
-option list is not an answer. Anything else (``Neither A nor B``, empty text, a hedge) is unparseable.
+Evidence is tried strongest first and the first step that decides wins: answer markers (the
+last one), a leading letter, conclusion words, a letter opening the last line, a unique
+answer-like mention (``Option B``, ``(C)``), then the options' own texts. A letter outside the
+item's options after a marker is unparseable; a lower-case ``a`` followed by a word is the
+English article, so a chain of thought cut off before its answer stays unparseable instead of
+reading A. An echoed option list (several lines opening with different letters) is not an
+answer. The full rules: docs/SCORING.md, "Multiple choice".
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Agreement of the XSTest refusal classifier with human refusal/compliance labels.
 
-The development set (``devdata/refusal_wildguardtest.jsonl.gz``, provenance in
-``devdata/PROVENANCE.md``) holds model responses whose refusal/compliance label comes from
-human annotators (WildGuardTest, majority of three). It is independent of XSTest: XSTest's own
-annotated completions stay held out for evaluation and are never read here.
-
-Each record carries a ``split``: ``tune`` (phrase rules may be adjusted by looking at it) or
-``heldout`` (only measured). The binary decision compared with the human label is
-*complied* (``comply``) vs *did not comply* (``refuse`` or ``partial``, as the XSTest task
-counts a partial refusal on an unsafe prompt as a refusal). ``unclear`` is an abstention (and
-an unparseable result in the task), as is a response without content.
-
-Command line (from the project root)::
-
-    python -m safetyrepro.parsing.refusal_agreement [--out FILE.json]
-    python -m safetyrepro.parsing.refusal_agreement build SOURCE.parquet
-    python -m safetyrepro.parsing.refusal_agreement ceiling [--out FILE.json]
-
-The first recomputes the agreement per split with the classifier configured in
-``tasks/xstest.yaml`` and writes a JSON record; the second rebuilds the dev set from a copy of
-``wildguard_test.parquet`` (checked against its recorded sha256) by the documented sampling;
-the third measures a learned reference on the ``tune`` part only (``learned_ceiling``).
+The dev set (``devdata/refusal_wildguardtest.jsonl.gz``, provenance in ``devdata/PROVENANCE.md``)
+holds WildGuardTest responses with human labels, independent of XSTest's own held-out
+completions; each record's ``split`` is ``tune`` (rules may be adjusted on it) or ``heldout``.
+Compared: complied (``comply``) vs did not (``refuse``/``partial``, as the task counts them);
+``unclear`` and empty responses are abstentions. Commands (``python -m
+safetyrepro.parsing.refusal_agreement``): no argument = agreement per split, ``build
+SOURCE.parquet`` = rebuild the dev set, ``ceiling`` = the learned reference on ``tune``.
 """
 
 from __future__ import annotations
@@ -260,16 +246,13 @@ CEILING_SEED = 0
 
 def learned_ceiling(records: Iterable[DevRecord], *, c_values: Iterable[float] = CEILING_C,
                     folds: int = CEILING_FOLDS, seed: int = CEILING_SEED) -> dict:
-    """How far a classifier fitted to the annotators' *own* binary labels gets on ``records``:
-    an L2 logistic regression over tf-idf word 1-2-grams and character 3-5-grams of the whole
-    response, scored by stratified ``folds``-fold cross-validation (shuffled with ``seed``)
-    for each regularisation strength C in ``c_values`` (all reported, none picked); and the
-    same with tf-idf word 1-2-grams of the **prompt** added (``learned_cv_with_prompt``: does
-    seeing what was asked help?). It is measured on the ``tune`` part only and is **not** part
-    of the classifier: it learns WildGuard's scheme (refuse-then-comply is compliance), which
-    is not XSTest's, and it is the reference the rule classifier's agreement is read against
-    (how much of the gap to a target is the labels rather than the rules). The rule
-    classifier's agreement on the same records, both readings, is returned beside it."""
+    """How far a classifier fitted to the annotators' own binary labels gets on ``records``: an
+    L2 logistic regression over tf-idf word and character n-grams of the response (and, as
+    ``learned_cv_with_prompt``, of the prompt too), by stratified ``folds``-fold
+    cross-validation (shuffled with ``seed``) for every C in ``c_values``, none picked. A
+    reference, not part of the classifier: it learns WildGuard's scheme (refuse-then-comply is
+    compliance), which shows how much of the gap to a target is the labels rather than the
+    rules. Returns the rule classifier's agreement on the same records beside it."""
     import numpy as np
     from sklearn.compose import ColumnTransformer
     from sklearn.feature_extraction.text import TfidfVectorizer
