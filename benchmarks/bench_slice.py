@@ -24,8 +24,9 @@ default this project's ``.venv``) with the work tree's ``src`` first on ``PYTHON
     .venv/bin/python benchmarks/bench_slice.py --baseline 91e5b38 [--candidate HEAD] [--rounds 3]
 
 ``--candidate WORKTREE`` (a folder) times uncommitted code; ``--env K=V`` (repeatable) sets
-an environment variable for the candidate's runs only (e.g. to compare a runtime setting
-against the same revision).
+an environment variable for the candidate's runs only, ``--env-both K=V`` for both sides (e.g.
+``ONEDNN_MAX_CPU_ISA=AVX512_CORE``: oneDNN without its bf16 kernels, as on a CPU without AMX /
+AVX512-BF16). ``machine`` in the record names the CPU and its bf16 support.
 """
 
 from __future__ import annotations
@@ -150,17 +151,25 @@ def main(argv=None) -> int:
     ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="environment for the candidate's runs only")
+    ap.add_argument("--env-both", action="append", default=[], metavar="K=V",
+                    help="environment for both sides (e.g. ONEDNN_MAX_CPU_ISA=AVX512_CORE: a CPU "
+                         "without native bf16)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per slice run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "slice.json"))
     a = ap.parse_args(argv)
     if a.rounds < 1:
         raise SystemExit("bench_slice: --rounds must be >= 1")
-    cand_env = {}
-    for kv in a.env:
-        k, sep, v = kv.partition("=")
-        if not sep or not k:
-            raise SystemExit(f"bench_slice: --env {kv!r} is not K=V")
-        cand_env[k] = v
+    def parse_env(pairs: list[str], flag: str) -> dict[str, str]:
+        env = {}
+        for kv in pairs:
+            k, sep, v = kv.partition("=")
+            if not sep or not k:
+                raise SystemExit(f"bench_slice: {flag} {kv!r} is not K=V")
+            env[k] = v
+        return env
+
+    both_env = parse_env(a.env_both, "--env-both")
+    cand_env = {**both_env, **parse_env(a.env, "--env")}
     from safetyrepro.perf.machine import cpu_features, machine_info
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_slice."))
@@ -168,7 +177,7 @@ def main(argv=None) -> int:
     record = {"benchmark": "slice", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {**machine_info(), **cpu_features()}, "slice": {k: len(v) * len(MODELS) for k, v in SLICE.items()},
-              "candidate_env": cand_env, "rounds": []}
+              "baseline_env": both_env, "candidate_env": cand_env, "rounds": []}
     try:
         trees = {}
         for side, spec in (("baseline", a.baseline), ("candidate", a.candidate)):
@@ -180,7 +189,7 @@ def main(argv=None) -> int:
             rnd = {"load_start": [round(x, 2) for x in os.getloadavg()]}
             order = ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline")
             for side in order:
-                env = cand_env if side == "candidate" else {}
+                env = cand_env if side == "candidate" else both_env
                 rnd[side] = run_slice(a.python, trees[side], a.cores, env, a.timeout)
                 print(f"round {r + 1} {side}: cells {rnd[side]['cell_call_total_s']:.1f} s, "
                       f"wall {rnd[side]['wall_s']:.1f} s", flush=True)

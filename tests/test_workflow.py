@@ -22,7 +22,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     project, config = make_project_copy(tmp_path_factory.mktemp("tinyproj"))
-    r = snakemake(project, config)
+    os.environ["SAFETYREPRO_PROGRESS_S"] = "2"   # the progress line every 2 s instead of 60
+    try:
+        r = snakemake(project, config)
+    finally:
+        del os.environ["SAFETYREPRO_PROGRESS_S"]
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     return project, config, r
 
@@ -63,6 +67,13 @@ def test_full_run_outputs(tiny):
     # the workers compute on every core, not on the one thread Snakemake allows each job
     info = json.loads(pq.read_schema(_shards(project)[0]).metadata[b"safetyrepro"])["model_info"]
     assert info["threads"] == len(os.sched_getaffinity(0))
+    # every shard names the dtype its model computed in; fp32 models compute in float32
+    infos = [json.loads(pq.read_schema(p).metadata[b"safetyrepro"])["model_info"] for p in _shards(project)]
+    assert {i["compute_dtype"] for i in infos if i["quantization"] == "fp32"} == {"float32"}
+    assert {i["compute_dtype"] for i in infos} <= {"float32", "bfloat16"}
+    # the run printed its progress with a time-left estimate from the cells done so far
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("[progress] cells ")]
+    assert lines and any("left (from the" in ln for ln in lines), lines
 
 
 def test_html_report(tiny):

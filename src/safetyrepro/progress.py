@@ -12,6 +12,7 @@ ratio of wall time to call time so far.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
@@ -67,13 +68,14 @@ class RunProgress:
     """Watches a run's shards appear and prints one progress line every ``every`` seconds.
 
     ``shards``: (shard path, model, config id) of every planned cell; those present at start
-    are not counted (a partial rerun counts only its own cells)."""
+    are not counted (a partial rerun counts only its own cells). ``every`` defaults to
+    ``$SAFETYREPRO_PROGRESS_S`` or 60."""
 
-    def __init__(self, results_dir, shards: list[tuple[Path, str, str]], *, every: float = 60.0,
+    def __init__(self, results_dir, shards: list[tuple[Path, str, str]], *, every: float | None = None,
                  stream=None):
         self.results = Path(results_dir)
         self.t0 = time.time()
-        self.every = every
+        self.every = every if every is not None else float(os.environ.get("SAFETYREPRO_PROGRESS_S") or 60)
         self.stream = stream if stream is not None else sys.stderr
         self.todo = [(Path(p), m, c) for p, m, c in shards if not Path(p).exists()]
         self._stop = threading.Event()
