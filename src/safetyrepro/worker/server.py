@@ -37,12 +37,13 @@ import traceback
 from typing import Any, Callable
 
 from ..errors import SafetyReproError
+from ..sysutil import hostname
 from .events import append_event
 from .errors import WorkerError
 from .protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, MessageTooLarge, ProtocolError, encode_message,
                        peer_credentials, recv_message, send_frame, send_message)
-from .state import (FileLock, WorkerPaths, allocation_id, hostname, open_private, owner_alive,
-                    read_holder, remove_if_owned, run_token, spec_hash, write_json_atomic)
+from .state import (FileLock, WorkerPaths, allocation_id, open_private, owner_alive, read_holder,
+                    remove_if_owned, run_token, spec_hash, write_pid_file)
 
 log = logging.getLogger("safetyrepro.worker")
 
@@ -446,7 +447,7 @@ class Worker:
 
     # ---- main thread ------------------------------------------------------------------
     def _write_pid_file(self) -> None:
-        write_json_atomic(self.paths.pid, {
+        write_pid_file(self.paths.pid, {
             "pid": self.pid, "key": self.key, "host": self.host, "sock": str(self.paths.sock),
             "spec": self.spec, "loader": self.loader, "started": self._started,
             "idle_timeout": self.idle_timeout, "slots": self.slots,

@@ -23,14 +23,12 @@ Standard library only (imported by every cell client).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
-import socket
 import stat
 import time
 from pathlib import Path
@@ -39,6 +37,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 from ..procs import pid_alive
+from ..sysutil import atomic_write_json, hostname
 from .errors import WorkerError
 
 WORKERS_SUBDIR = ".workers"
@@ -48,12 +47,6 @@ EVENTS_FILE = "events.jsonl"
 # sun_path is 108 bytes on Linux (104 on macOS) including the terminating NUL.
 MAX_SOCKET_PATH = 100
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,119}\Z")   # \Z: no trailing newline
-
-
-def hostname() -> str:
-    """This node's short name, safe as a path component."""
-    name = socket.gethostname().split(".")[0] or "localhost"
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def state_root(results_dir: str | os.PathLike) -> Path:
@@ -460,16 +453,10 @@ def owner_alive(owner: str) -> bool:
     return pid_alive(pid) and str(process_start_time(pid)) == start_s
 
 
-def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    """Write a private (0600) JSON file by rename; a link planted at ``path`` is replaced,
-    not followed."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = open_private(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(obj, sort_keys=True))
-    os.replace(tmp, path)
+def write_pid_file(path: Path, info: dict[str, Any]) -> None:
+    """Write a worker's pid file, private (0600), atomically; a link planted at ``path`` is
+    replaced, not followed."""
+    atomic_write_json(path, info, mode=0o600)
 
 
 def read_pid_file(path: Path) -> dict[str, Any] | None:
