@@ -20,7 +20,7 @@ from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError,
                                 make_key, run_in_worker, stop_workers, summarize_events,
                                 worker_status)
 from safetyrepro.worker.events import read_events
-from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, code_stamp,
+from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, installed_sources_stamp,
                                       default_state_dir, lock_is_held, pid_alive, read_pid_file,
                                       spec_hash)
 
@@ -381,20 +381,20 @@ def test_code_stamp_tracks_source_edits(tmp_path):
     (pkg / "a.py").write_text("x = 1\n")
     (pkg / "sub" / "b.py").write_text("y = 2\n")
     (pkg / "notes.txt").write_text("not code")
-    s1 = code_stamp(pkg)
-    assert code_stamp(pkg) == s1
+    s1 = installed_sources_stamp(pkg)
+    assert installed_sources_stamp(pkg) == s1
     (pkg / "notes.txt").write_text("still not code")
-    assert code_stamp(pkg) == s1
+    assert installed_sources_stamp(pkg) == s1
     st = os.stat(pkg / "sub" / "b.py")
     os.utime(pkg / "sub" / "b.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    s2 = code_stamp(pkg)
+    s2 = installed_sources_stamp(pkg)
     assert s2 != s1
     (pkg / "c.py").write_text("")
-    s3 = code_stamp(pkg)
+    s3 = installed_sources_stamp(pkg)
     assert s3 not in (s1, s2)
     # a task file edited with a worker alive replaces the worker too (it would keep the old one)
     (pkg / "sub" / "task.yaml").write_text("templates: {}\n")
-    assert code_stamp(pkg) not in (s1, s2, s3)
+    assert installed_sources_stamp(pkg) not in (s1, s2, s3)
     assert spec_hash(LOADER, {"a": 1}, stamp=s1) != spec_hash(LOADER, {"a": 1}, stamp=s2)
     assert spec_hash(LOADER, {"a": 1}, stamp=s1) == spec_hash(LOADER, {"a": 1}, stamp=s1)
 

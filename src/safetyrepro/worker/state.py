@@ -105,7 +105,7 @@ def make_key(*parts: str) -> str:
     return check_key(".".join(cleaned)[:120])
 
 
-def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
+def installed_sources_stamp(package_dir: str | os.PathLike | None = None) -> str:
     """A cheap fingerprint of the installed ``safetyrepro`` sources (path, size and mtime of
     every .py file and of the package's data files: task .yaml, .json). A worker started
     before the code changed is replaced, so a shard is never computed by stale code under a
@@ -134,9 +134,9 @@ def code_stamp(package_dir: str | os.PathLike | None = None) -> str:
 
 def spec_hash(loader: str, loader_args: dict[str, Any], stamp: str | None = None) -> str:
     """Identity of the state a worker holds: what it loads, with which arguments, by which
-    code (``stamp``, default :func:`code_stamp`)."""
+    code (``stamp``, default :func:`installed_sources_stamp`)."""
     blob = json.dumps({"loader": loader, "loader_args": loader_args,
-                       "code": stamp if stamp is not None else code_stamp()}, sort_keys=True,
+                       "code": stamp if stamp is not None else installed_sources_stamp()}, sort_keys=True,
                       separators=(",", ":"), ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
