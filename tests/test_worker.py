@@ -20,9 +20,11 @@ from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError,
                                 make_key, run_in_worker, stop_workers, summarize_events,
                                 worker_status)
 from safetyrepro.worker.events import read_events
-from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, installed_sources_stamp,
-                                      default_state_dir, lock_is_held, pid_alive, read_pid_file,
-                                      spec_hash)
+from safetyrepro.procs import pid_alive
+from safetyrepro.worker.layout import MAX_SOCKET_PATH, WorkerPaths, default_state_dir
+from safetyrepro.worker.locks import lock_is_held
+from safetyrepro.worker.pidfiles import read_pid_file
+from safetyrepro.worker.spec import installed_sources_stamp, spec_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
@@ -528,7 +530,7 @@ def test_stop_kills_a_stuck_worker_and_ignores_foreign_pids(sd):
 def test_cell_client_imports_only_what_a_running_worker_needs():
     """Every cell job starts this process; modules it does not need cost start-up time ~1,800
     times per run (argparse, subprocess, typing, tempfile: ~30 ms together here)."""
-    code = ("import sys, safetyrepro.cell_client, safetyrepro.worker.client, safetyrepro.worker.state; "
+    code = ("import sys, safetyrepro.cell_client, safetyrepro.worker.client; "
             "print(sorted(m for m in ('argparse', 'subprocess', 'typing', 'tempfile', 'signal', "
             "'torch', 'numpy', 'safetyrepro.worker.events') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -731,10 +733,10 @@ def test_a_foreign_state_folder_is_refused_naming_its_owner(tmp_path):
 
 
 def test_a_planted_short_socket_folder_is_refused(tmp_path, monkeypatch):
-    from safetyrepro.worker import state
-    from safetyrepro.worker.state import short_socket_dir
+    from safetyrepro.worker import layout
+    from safetyrepro.worker.layout import short_socket_dir
 
-    monkeypatch.setattr(state, "SHORT_SOCKET_PARENT", str(tmp_path))
+    monkeypatch.setattr(layout, "SHORT_SOCKET_PARENT", str(tmp_path))
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / f"safetyrepro-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(SafetyReproError, match="is a symbolic link"):

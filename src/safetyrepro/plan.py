@@ -199,14 +199,14 @@ class Plan:
     @property
     def worker_state_root(self) -> Path:
         """The folder holding each node's worker state folder (``<root>/<hostname>``)."""
-        from .worker.state import state_root
+        from .worker.layout import state_root
 
         return state_root(self.results)
 
     @property
     def worker_state_dir(self) -> Path:
         """This node's worker state folder."""
-        from .worker.state import node_state_dir
+        from .worker.layout import node_state_dir
 
         return node_state_dir(self.worker_state_root)
 
@@ -232,7 +232,7 @@ class Plan:
 
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, model source): a changed source loads afresh."""
-        from .worker.state import make_key
+        from .worker.layout import make_key
 
         return make_key(model, quantization, self.source_fingerprint(model)[:12])
 

@@ -38,12 +38,15 @@ from typing import Any, Callable
 
 from ..errors import SafetyReproError
 from ..sysutil import hostname
-from .events import append_event
+from .allocation import allocation_id, owner_alive
 from .errors import WorkerError
+from .events import append_event
+from .layout import WorkerPaths, open_private, run_token
+from .locks import FileLock, read_holder
+from .pidfiles import remove_if_owned, write_pid_file
 from .protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, MessageTooLarge, ProtocolError, encode_message,
                        peer_credentials, recv_message, send_frame, send_message)
-from .state import (FileLock, WorkerPaths, allocation_id, open_private, owner_alive, read_holder,
-                    remove_if_owned, run_token, spec_hash, write_pid_file)
+from .spec import spec_hash
 
 log = logging.getLogger("safetyrepro.worker")
 
