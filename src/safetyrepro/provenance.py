@@ -98,7 +98,7 @@ CODE_GROUPS: dict[str, dict] = {
     # covered by the model's source in the cell fingerprint, and the shard layout by
     # shards.layout_hash (a reader's error message reruns no cell).
     "cell": {"paths": ("models", "inference", "cells.py", "requests.py"),
-             "exclude": ("models/prepare.py", "models/cli.py", "inference/bench.py")},
+             "exclude": ("models/prepare.py", "models/sources", "models/cli.py", "inference/bench.py")},
     # the prompt rendering code (in every template hash, tasks.prompts.render_code_hash)
     "render": {"paths": ("tasks/prompts.py", "tasks/render.py")},
     # the item subsets and few-shot pools

@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
         from ..config import load_config
         from ..sysutil import atomic_write_text
         from ..plan import Plan
-        from .prepare import prepare_model, recorded_weights_hash
+        from ..weights import recorded_weights_hash
+        from .prepare import prepare_model
 
         from .load import require_device
 

@@ -33,8 +33,9 @@ from typing import Any
 
 from ..errors import ConfigError, ModelError
 from ..sysutil import package_version
+from ..weights import recorded_weights_hash
 from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
-from .prepare import prepare_model, recorded_weights_hash
+from .prepare import prepare_model
 
 QUANTIZATIONS = ("nf4", "bf16", "fp32")
 
