@@ -4,6 +4,7 @@ installed copy without git is still identifiable."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import subprocess
@@ -153,8 +154,6 @@ def _file_module(path: Path) -> tuple[str, str]:
 @functools.lru_cache(maxsize=None)
 def _imports(path: Path) -> frozenset[str]:
     """Package module names a source file imports (absolute or relative, anywhere in it)."""
-    import ast
-
     _, package = _file_module(path)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
