@@ -11,7 +11,7 @@ AVX-512 CPU or ``AVX2`` otherwise) the script times
   agree (free-form texts of every seed, logprob choices);
 
 and records what ``auto`` picks there. The record (``benchmarks/results/compute_dtype.json``)
-is the basis of ``auto``'s rule (:mod:`safetyrepro.models.compute_dtype`).
+is the basis of ``auto``'s rule (:mod:`safetyrepro.compute_dtype`).
 
     .venv/bin/python benchmarks/bench_compute_dtype.py [--models ...] [--rounds 2]
 """
@@ -61,7 +61,7 @@ def child(args) -> dict:
     from safetyrepro.cells import CellWorker, run_cell
     from safetyrepro.config import load_config
     from safetyrepro.models import load_model
-    from safetyrepro.models.compute_dtype import compute_dtype, describe_cpu
+    from safetyrepro.compute_dtype import compute_dtype, describe_cpu
     from safetyrepro.perf.timing import alternate
 
     cfg = load_config(args.config)
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     if a.child:
         print(json.dumps(child(a)))
         return 0
-    from safetyrepro.models.compute_dtype import cpu_flags
+    from safetyrepro.compute_dtype import cpu_flags
     from safetyrepro.perf.machine import machine_info
 
     capped = "AVX512_CORE" if "avx512f" in cpu_flags() else "AVX2"

@@ -27,7 +27,8 @@ from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 from safetyrepro.inference.encoding import encode_pair, encode_prompt
 from safetyrepro.models.chat import (SYSTEM_JOIN, fold_system, format_prompt, format_prompt_parts,
                                      system_role, template_hash)
-from safetyrepro.models.prepare import read_gguf_metadata, wheel_path
+from safetyrepro.models.sources.gguf import read_gguf_metadata
+from safetyrepro.models.sources.wheels import wheel_path
 from safetyrepro.tasks import load_task
 from test_tasks import make_items
 

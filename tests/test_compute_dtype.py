@@ -8,7 +8,7 @@ import torch
 
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError
-from safetyrepro.models.compute_dtype import compute_dtype, cpu_flags, native_bf16
+from safetyrepro.compute_dtype import compute_dtype, cpu_flags, native_bf16
 from safetyrepro.plan import Plan
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})

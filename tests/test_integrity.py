@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from safetyrepro.errors import ShardError, WriteError
-from safetyrepro.io import (CORRUPT_SUFFIX, DIGEST_KEY, META_KEY, atomic_write_text, read_metadata, read_parquet,
-                            write_csv, write_parquet)
+from safetyrepro.io import CORRUPT_SUFFIX, DIGEST_KEY, META_KEY, read_metadata, read_parquet, write_csv, write_parquet
 from safetyrepro.shards import read_shard
+from safetyrepro.sysutil import atomic_write_text
 from shard_synth import synthetic_run, write_cell
 
 
@@ -181,7 +181,7 @@ def test_permission_denied_is_named(tmp_path):
     ro.mkdir()
     os.chmod(ro, 0o555)
     os.chmod(tmp_path, 0o755)
-    code = ("import sys; from safetyrepro.io import atomic_write_text\n"
+    code = ("import sys; from safetyrepro.sysutil import atomic_write_text\n"
             "from safetyrepro.errors import WriteError\n"
             "try:\n    atomic_write_text(sys.argv[1], 'x')\nexcept WriteError as e:\n    print(e)\n")
     user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []

@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-import safetyrepro.models.prepare as prepare
+import safetyrepro.weights as weights
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError, ModelError
 from safetyrepro.hashing import sha256_file
 from safetyrepro.models import load_model, prepare_model
+from safetyrepro.models.sources import hub
 from workflow_support import ROOT
 from config_support import config_copy
 
@@ -51,7 +52,7 @@ def _link_model(src: Path, dest: Path) -> Path:
     """A model folder whose files are links to ``src``'s (no marker): a copy without the bytes."""
     dest.mkdir(parents=True)
     for f in src.iterdir():
-        if f.name != prepare.MARKER:
+        if f.name != weights.MARKER:
             (dest / f.name).symlink_to(f)
     return dest
 
@@ -89,7 +90,7 @@ def test_offline_machine_fails_at_prepare_naming_model_and_remedy(tmp_path, offl
             "download it, the Hugging Face hub is not reachable") in r.stderr, r.stderr
     assert f"set models.{QWEN}.source to {{kind: local, path: DIR}}" in r.stderr
     assert not (tmp_path / "m.json").exists()
-    assert not list((tmp_path / "resources").rglob(prepare.MARKER))
+    assert not list((tmp_path / "resources").rglob(weights.MARKER))
 
 
 def _hub_failure(code: int, error_code: str, message: str) -> Exception:
@@ -118,7 +119,7 @@ def _hub_failure(code: int, error_code: str, message: str) -> Exception:
 ])
 def test_hub_access_errors_name_the_model_and_the_remedy(code, error_code, needles):
     source = load_config(PAPER).model(QWEN)["source"]
-    err = prepare.hub_error(QWEN, source, _hub_failure(code, error_code, "refused"))
+    err = hub.hub_error(QWEN, source, _hub_failure(code, error_code, "refused"))
     assert isinstance(err, ModelError)
     assert str(err).startswith(f"model {QWEN} (hub repository {source['id']} at revision {source['revision']}): ")
     for n in needles:
@@ -130,22 +131,22 @@ def test_verified_hub_snapshot_is_recorded_once_and_loads_offline(tmp_path, smol
     source = {"kind": "hub", "id": "HuggingFaceTB/SmolLM2-135M-Instruct", "revision": "a" * 40}
     cfg_path = _paper_copy(tmp_path, **{QWEN: source})
     cfg = load_config(cfg_path)
-    folder = prepare.hub_dir(cfg.resources_dir, source)
+    folder = hub.hub_dir(cfg.resources_dir, source)
     _link_model(smol_folder, folder)  # what snapshot_download leaves at local_dir
     shas = {f.name: sha256_file(f) for f in folder.glob("*.safetensors")}
     with pytest.raises(ModelError, match="sha256 mismatch: the hub records 0+ for"):
-        prepare.finish_hub_folder(folder, QWEN, source, {n: "0" * 64 for n in shas}, progress=False)
+        hub.finish_hub_folder(folder, QWEN, source, {n: "0" * 64 for n in shas}, progress=False)
     with pytest.raises(ModelError, match="is not listed with a sha256 by the hub"):
-        prepare.finish_hub_folder(folder, QWEN, source, {}, progress=False)
-    assert not (folder / prepare.MARKER).exists()
-    rec = prepare.finish_hub_folder(folder, QWEN, source, shas, progress=False)
-    assert rec["weights_hash"] == prepare.read_marker(smol_folder)["weights_hash"]
+        hub.finish_hub_folder(folder, QWEN, source, {}, progress=False)
+    assert not (folder / weights.MARKER).exists()
+    rec = hub.finish_hub_folder(folder, QWEN, source, shas, progress=False)
+    assert rec["weights_hash"] == weights.read_marker(smol_folder)["weights_hash"]
     assert rec["files_sha256"] == shas and rec["revision"] == source["revision"]
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     calls = []
-    real = prepare.weights_hash
-    monkeypatch.setattr(prepare, "weights_hash", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = weights.weights_hash
+    monkeypatch.setattr(weights, "weights_hash", lambda *a, **k: calls.append(a) or real(*a, **k))
     assert prepare_model(cfg, QWEN, progress=False) == folder  # marker: no download
     lm = load_model(cfg, QWEN, quantization="fp32", device="cpu")
     assert calls == []  # weights hash from the marker, not re-read
@@ -162,13 +163,13 @@ def test_local_folder_loads_and_is_hashed_once(tmp_path, smol_folder, monkeypatc
     local = _link_model(smol_folder, tmp_path / "my-model")
     cfg = load_config(_paper_copy(tmp_path, **{QWEN: {"kind": "local", "path": str(local)}}))
     calls = []
-    real = prepare.weights_hash
-    monkeypatch.setattr(prepare, "weights_hash", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = weights.weights_hash
+    monkeypatch.setattr(weights, "weights_hash", lambda *a, **k: calls.append(a) or real(*a, **k))
     assert prepare_model(cfg, QWEN, progress=False) == local.resolve()
     assert len(calls) == 1  # recorded once, at preparation
-    rec = json.loads(prepare.local_record_path(cfg.resources_dir, local).read_text())
-    assert rec["weights_hash"] == prepare.read_marker(smol_folder)["weights_hash"]
-    assert not (local / prepare.MARKER).exists()  # the user's folder is left alone
+    rec = json.loads(weights.local_record_path(cfg.resources_dir, local).read_text())
+    assert rec["weights_hash"] == weights.read_marker(smol_folder)["weights_hash"]
+    assert not (local / weights.MARKER).exists()  # the user's folder is left alone
     for _ in range(2):  # two worker starts
         lm = load_model(cfg, QWEN, quantization="fp32", device="cpu")
         assert lm.info["weights_hash"] == rec["weights_hash"] and lm.info["source_kind"] == "local"
@@ -185,13 +186,13 @@ def test_local_record_is_redone_when_a_weights_file_changes(tmp_path, monkeypatc
     folder.mkdir()
     save_file({"w": torch.zeros(4)}, folder / "model.safetensors")
     res = tmp_path / "resources"
-    first = prepare.record_local(res, "m", folder)
+    first = weights.record_local(res, "m", folder)
     calls = []
-    real = prepare.weights_hash
-    monkeypatch.setattr(prepare, "weights_hash", lambda *a, **k: calls.append(a) or real(*a, **k))
-    assert prepare.recorded_weights_hash(res, folder) == first["weights_hash"] and calls == []
+    real = weights.weights_hash
+    monkeypatch.setattr(weights, "weights_hash", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert weights.recorded_weights_hash(res, folder) == first["weights_hash"] and calls == []
     save_file({"w": torch.ones(4)}, folder / "model.safetensors")  # same size, new bytes
-    assert prepare.recorded_weights_hash(res, folder) != first["weights_hash"] and len(calls) == 1
+    assert weights.recorded_weights_hash(res, folder) != first["weights_hash"] and len(calls) == 1
 
 
 def test_missing_local_folder_fails_at_prepare_naming_the_field(tmp_path):

@@ -16,11 +16,11 @@ import yaml
 
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError, ModelError
-from safetyrepro.models import (format_prompt, format_prompt_parts, load_model, prepare_model,
-                                weights_hash)
+from safetyrepro.models import format_prompt, format_prompt_parts, load_model, prepare_model
 from safetyrepro.models.chat import format_plain, stop_strings_for, stop_token_ids
-from safetyrepro.models.prepare import MARKER, model_dir, read_marker
+from safetyrepro.models.sources.pypi_gguf import model_dir
 from safetyrepro.paths import PROJECT_ROOT
+from safetyrepro.weights import MARKER, read_marker, weights_hash
 
 from config_support import absolute_paths
 

@@ -146,7 +146,8 @@ def test_cell_code_group_covers_what_changes_outputs_only():
     spec = CODE_GROUPS["cell"]
     files = set(source_files(*spec["paths"], exclude=spec["exclude"]))
     assert {"cells.py", "requests.py", "inference/generate.py", "models/load.py", "models/chat.py"} <= files
-    assert not files & {"shards.py", "models/prepare.py", "models/cli.py", "inference/bench.py", "aggregate.py"}
+    assert not files & {"shards.py", "models/prepare.py", "models/sources/hub.py", "models/cli.py", "inference/bench.py",
+                         "aggregate.py", "weights.py"}
     assert not any(f.startswith(("parsing/", "tasks/", "analysis/", "metrics/")) for f in files)
     # the shard layout enters through its value, not the module's text
     assert len(layout_hash()) == 64
@@ -205,7 +206,7 @@ def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_pa
     changes nothing; an unreadable folder plans (its prepare job reports it)."""
     import os
 
-    from safetyrepro.models.prepare import weights_hash
+    from safetyrepro.weights import weights_hash
 
     folder = _tensor_folder(tmp_path / "local-model", 0.0)
     plan = _plan(tmp_path, {"a": "nf4", "b": "nf4"})

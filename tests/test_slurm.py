@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from safetyrepro.worker.state import is_worker_process
+from safetyrepro.worker.pidfiles import is_worker_process
 from slurm_helpers import (
     SLURM_CLUSTER_ONLY,
     profile_settings,

@@ -12,7 +12,8 @@ from workflow_support import cli, make_project_copy, snakemake
 from safetyrepro.io import read_parquet
 from safetyrepro.rules import load_rules
 from safetyrepro.worker.events import read_events
-from safetyrepro.worker.state import default_state_dir, pid_alive
+from safetyrepro.procs import pid_alive
+from safetyrepro.worker.layout import default_state_dir
 
 
 def _live_worker(project, config, results, cell):

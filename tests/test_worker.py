@@ -20,9 +20,11 @@ from safetyrepro.worker import (WorkerCallError, WorkerCrashed, WorkerLoadError,
                                 make_key, run_in_worker, stop_workers, summarize_events,
                                 worker_status)
 from safetyrepro.worker.events import read_events
-from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, code_stamp,
-                                      default_state_dir, lock_is_held, pid_alive, read_pid_file,
-                                      spec_hash)
+from safetyrepro.procs import pid_alive
+from safetyrepro.worker.layout import MAX_SOCKET_PATH, WorkerPaths, default_state_dir
+from safetyrepro.worker.locks import lock_is_held
+from safetyrepro.worker.pidfiles import read_pid_file
+from safetyrepro.worker.spec import installed_sources_stamp, spec_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
@@ -216,7 +218,7 @@ def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
     """What made test_idle_timeout_exits_and_cleans_up flaky: in a multi-threaded exit the
     leader is a zombie before the last thread closes the descriptors, so a zombie leader read
     as "exited" while the device lock was still held."""
-    from safetyrepro.io import _host, sweep_stale_tmp
+    from safetyrepro.sysutil import hostname, sweep_stale_tmp
 
     lock, go = tmp_path / "device.lock", tmp_path / "go"
     proc = subprocess.Popen([sys.executable, "-c", _LINGERING, str(lock), str(go)])
@@ -226,7 +228,7 @@ def test_a_process_is_alive_until_its_last_thread_is_gone(tmp_path):
         assert pid_alive(proc.pid) and lock_is_held(lock)
         # a temp file of that process is a live writer's, not a left-over
         target = tmp_path / "out.parquet"
-        tmp = tmp_path / f".out.parquet.{_host()}.{proc.pid}.x.tmp"   # the name _temp_for gives it
+        tmp = tmp_path / f".out.parquet.{hostname()}.{proc.pid}.x.tmp"   # the name atomic_write gives it
         tmp.write_bytes(b"partial")
         assert sweep_stale_tmp(target) == [] and tmp.exists()
         go.touch()
@@ -381,20 +383,20 @@ def test_code_stamp_tracks_source_edits(tmp_path):
     (pkg / "a.py").write_text("x = 1\n")
     (pkg / "sub" / "b.py").write_text("y = 2\n")
     (pkg / "notes.txt").write_text("not code")
-    s1 = code_stamp(pkg)
-    assert code_stamp(pkg) == s1
+    s1 = installed_sources_stamp(pkg)
+    assert installed_sources_stamp(pkg) == s1
     (pkg / "notes.txt").write_text("still not code")
-    assert code_stamp(pkg) == s1
+    assert installed_sources_stamp(pkg) == s1
     st = os.stat(pkg / "sub" / "b.py")
     os.utime(pkg / "sub" / "b.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    s2 = code_stamp(pkg)
+    s2 = installed_sources_stamp(pkg)
     assert s2 != s1
     (pkg / "c.py").write_text("")
-    s3 = code_stamp(pkg)
+    s3 = installed_sources_stamp(pkg)
     assert s3 not in (s1, s2)
     # a task file edited with a worker alive replaces the worker too (it would keep the old one)
     (pkg / "sub" / "task.yaml").write_text("templates: {}\n")
-    assert code_stamp(pkg) not in (s1, s2, s3)
+    assert installed_sources_stamp(pkg) not in (s1, s2, s3)
     assert spec_hash(LOADER, {"a": 1}, stamp=s1) != spec_hash(LOADER, {"a": 1}, stamp=s2)
     assert spec_hash(LOADER, {"a": 1}, stamp=s1) == spec_hash(LOADER, {"a": 1}, stamp=s1)
 
@@ -528,7 +530,7 @@ def test_stop_kills_a_stuck_worker_and_ignores_foreign_pids(sd):
 def test_cell_client_imports_only_what_a_running_worker_needs():
     """Every cell job starts this process; modules it does not need cost start-up time ~1,800
     times per run (argparse, subprocess, typing, tempfile: ~30 ms together here)."""
-    code = ("import sys, safetyrepro.cell_client, safetyrepro.worker.client, safetyrepro.worker.state; "
+    code = ("import sys, safetyrepro.cell_client, safetyrepro.worker.client; "
             "print(sorted(m for m in ('argparse', 'subprocess', 'typing', 'tempfile', 'signal', "
             "'torch', 'numpy', 'safetyrepro.worker.events') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -731,10 +733,10 @@ def test_a_foreign_state_folder_is_refused_naming_its_owner(tmp_path):
 
 
 def test_a_planted_short_socket_folder_is_refused(tmp_path, monkeypatch):
-    from safetyrepro.worker import state
-    from safetyrepro.worker.state import short_socket_dir
+    from safetyrepro.worker import layout
+    from safetyrepro.worker.layout import short_socket_dir
 
-    monkeypatch.setattr(state, "SHORT_SOCKET_PARENT", str(tmp_path))
+    monkeypatch.setattr(layout, "SHORT_SOCKET_PARENT", str(tmp_path))
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / f"safetyrepro-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(SafetyReproError, match="is a symbolic link"):
@@ -803,7 +805,8 @@ def test_worker_killed_inside_the_shard_write_leaves_no_shard_and_the_rerun_swee
 def test_shards_and_tables_respect_the_umask(tmp_path, umask, mode):
     import pyarrow as pa
 
-    from safetyrepro.io import atomic_write_text, write_parquet
+    from safetyrepro.io import write_parquet
+    from safetyrepro.sysutil import atomic_write_text
 
     old = os.umask(umask)
     try:

@@ -16,9 +16,12 @@ import pytest
 from safetyrepro.worker import stop_workers
 from safetyrepro.worker.errors import WorkerError
 from safetyrepro.worker.events import read_events
-from safetyrepro.worker.state import (OWNER_ENV, WorkerPaths, allocation_owner, hostname,
-                                      is_worker_process, node_state_dir, read_pid_file)
-import safetyrepro.worker.state as state
+from safetyrepro.sysutil import hostname
+import safetyrepro.worker.allocation as allocation
+import safetyrepro.worker.layout as layout
+from safetyrepro.worker.allocation import OWNER_ENV, allocation_owner
+from safetyrepro.worker.layout import WorkerPaths, node_state_dir
+from safetyrepro.worker.pidfiles import is_worker_process, read_pid_file
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
@@ -37,16 +40,16 @@ def test_device_lock_names_the_nodes_gpu_not_the_renumbered_one(monkeypatch):
     # on GPUs 2 and 3 of one node must not share a device lock
     for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(var, raising=False)
-    assert state.device_id() == "0"
+    assert layout.device_id() == "0"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-1a2b/3")
-    assert state.device_id() == "GPU-1a2b_3"
+    assert layout.device_id() == "GPU-1a2b_3"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("SLURM_JOB_GPUS", "2,5")
-    first = state.device_id()
+    first = layout.device_id()
     monkeypatch.setenv("SLURM_JOB_GPUS", "3")
-    assert (first, state.device_id()) == ("2", "3")
+    assert (first, layout.device_id()) == ("2", "3")
     monkeypatch.setenv("SLURM_STEP_GPUS", "5")  # a step's own GPU wins over the job's
-    assert state.device_id() == "5"
+    assert layout.device_id() == "5"
 
 
 def test_long_socket_path_does_not_depend_on_tmpdir(monkeypatch, tmp_path):
@@ -57,12 +60,12 @@ def test_long_socket_path_does_not_depend_on_tmpdir(monkeypatch, tmp_path):
     second = WorkerPaths(deep, "smol-nf4.nf4.93b3b645beb4").sock
     assert first == second
     assert first.parent == Path(f"/tmp/safetyrepro-{os.getuid()}")
-    assert len(os.fsencode(str(first))) <= state.MAX_SOCKET_PATH
+    assert len(os.fsencode(str(first))) <= layout.MAX_SOCKET_PATH
 
 
 @pytest.mark.parametrize("kind", ["symlink", "open_mode"])
 def test_foreign_or_open_socket_dir_is_refused(monkeypatch, tmp_path, kind):
-    monkeypatch.setattr(state, "SHORT_SOCKET_PARENT", str(tmp_path))
+    monkeypatch.setattr(layout, "SHORT_SOCKET_PARENT", str(tmp_path))
     d = tmp_path / f"safetyrepro-{os.getuid()}"
     if kind == "symlink":
         (tmp_path / "elsewhere").mkdir(mode=0o700)
@@ -71,14 +74,14 @@ def test_foreign_or_open_socket_dir_is_refused(monkeypatch, tmp_path, kind):
         d.mkdir()
         d.chmod(0o755)
     with pytest.raises(WorkerError, match=f"{d} .*refusing") as err:
-        state.short_socket_dir()
+        layout.short_socket_dir()
     assert ("is a symbolic link" if kind == "symlink" else "has mode 755") in str(err.value)
 
 
 OWNER_SCRIPT = """
 import os, sys, threading, time
 os.environ["SLURM_JOB_ID"] = "424242"
-from safetyrepro.worker.state import claim_allocation_owner
+from safetyrepro.worker.allocation import claim_allocation_owner
 assert claim_allocation_owner()
 from safetyrepro.worker import run_in_worker
 state_dir, target, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
@@ -145,10 +148,10 @@ def test_busy_worker_exits_soon_after_its_owner_is_gone(tmp_path):
 def test_owner_claim_is_inherited_not_taken_over(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.delenv(OWNER_ENV, raising=False)
-    assert state.claim_allocation_owner()
+    assert allocation.claim_allocation_owner()
     assert allocation_owner() == os.environ[OWNER_ENV].split(":", 2)[2]
-    assert not state.claim_allocation_owner()          # already owned by a live process
+    assert not allocation.claim_allocation_owner()          # already owned by a live process
     monkeypatch.setenv("SLURM_JOB_ID", "78")           # another job: the claim is not its
     assert allocation_owner() is None
     monkeypatch.delenv("SLURM_JOB_ID")
-    assert allocation_owner() is None and not state.claim_allocation_owner()
+    assert allocation_owner() is None and not allocation.claim_allocation_owner()

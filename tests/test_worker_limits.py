@@ -13,7 +13,9 @@ import pytest
 
 from safetyrepro.worker import stop_workers
 from safetyrepro.worker.protocol import MAX_REQUEST_BYTES, ConnectionClosed, recv_message
-from safetyrepro.worker.state import WorkerPaths, check_key, pid_alive, read_pid_file, run_token
+from safetyrepro.procs import pid_alive
+from safetyrepro.worker.layout import WorkerPaths, check_key, run_token
+from safetyrepro.worker.pidfiles import read_pid_file
 from test_worker import ENV, call, device_dir, sd  # noqa: F401 - fixtures used by name
 
 DEADLINE = 1.5

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from safetyrepro.config import load_config
 from safetyrepro.io import read_parquet
 from safetyrepro.models import prepare_model
-from safetyrepro.models.prepare import MARKER, weights_hash
+from safetyrepro.weights import MARKER, weights_hash
 from workflow_support import TINY, make_project_copy, planned, snakemake
 
 pytestmark = pytest.mark.slow

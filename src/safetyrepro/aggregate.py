@@ -253,7 +253,8 @@ def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
     write_parquet(cells, paths["cell_scores"], meta)
     write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
     if variant == "main":
-        from .io import atomic_write_text, write_csv
+        from .io import write_csv
+        from .sysutil import atomic_write_text
 
         write_csv(cells, paths["cell_scores_csv"])
         atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))

@@ -1,6 +1,7 @@
-"""The Python API: certify a score table you already have, and read other harnesses' per-item
-results into one. Exposed at the package top level (``safetyrepro.certify(df)``,
-``safetyrepro.read_lmeval(folder)``); every function raises the same DataError the CLI reports."""
+"""The Python API: read other harnesses' per-item results into one score table, to certify
+with ``safetyrepro.certify(df)`` (:func:`safetyrepro.certify.certify_table`). Exposed at the
+package top level (``safetyrepro.read_lmeval(folder)``); every function raises the same
+DataError the CLI reports."""
 
 from __future__ import annotations
 
@@ -12,29 +13,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .certify import CertifyResult
     from .crosspkg.importers import ImportResult
 
 PathLike = str | os.PathLike
-
-
-def certify(table: "pd.DataFrame | PathLike", *, config_cols: str | Iterable[str] | None = None,
-            alpha: float = 0.05, tol: float | None = None, samples: int | None = None, seed: int = 0,
-            nominal: str | None = None, drop_incomplete: bool = False, family: str = "pair",
-            correction: str = "maxt") -> "CertifyResult":
-    """Verdict metrics of a long score table (a DataFrame, or a CSV/Parquet path): the same
-    computation as ``safetyrepro certify``, whose options these are (``config_cols``: axis column
-    names, a list or ``"a,b,c"``; ``samples``/``seed``: the resampling, ``samples=None`` picking
-    the count; ``family``/``correction``: the multiplicity family and its correction). The result holds
-    DataFrames: ``pairs``, ``summary`` (per benchmark), ``significance`` (item-level input) and
-    ``reversal`` (with ``nominal``); :func:`safetyrepro.certify.to_json` gives the CLI's JSON."""
-    from .certify import certify as run
-
-    if isinstance(config_cols, str):
-        config_cols = [c.strip() for c in config_cols.split(",") if c.strip()]
-    cols = list(config_cols) if config_cols is not None else None
-    return run(table, cols or None, drop_incomplete, tol, alpha=alpha, samples=samples, seed=seed,
-               nominal=nominal, family=family, correction=correction)
 
 
 def _paths(paths: PathLike | Iterable[PathLike]) -> list[Path]:

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from .errors import SafetyReproError
-    from .worker.state import node_state_dir
+    from .worker.layout import node_state_dir
 
     path = os.path.abspath
     try:

@@ -11,8 +11,10 @@ column; exact cell scores for fractions k/q, q <= 1000) also everything of
 from __future__ import annotations
 
 import json
+import os
 import sys
 import types
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +33,7 @@ class _CallableModule(types.ModuleType):
     package), so the module itself is the API call: ``safetyrepro.certify(df, ...)``."""
 
     def __call__(self, table, **options):
-        from .api import certify as api_certify
-
-        return api_certify(table, **options)
+        return certify_table(table, **options)
 
 
 sys.modules[__name__].__class__ = _CallableModule
@@ -274,6 +274,24 @@ def _reversal(df: pd.DataFrame, cell_df: pd.DataFrame, nominal: str, axes: list[
     sig_signs = None if sig is None else sig_signs_from_configs(sig["significance_configs"])
     return nearest_reversal_table(cells, nominal, axes, tol, sig_signs=sig_signs,
                                   nominal_levels=nominal_levels(df, nominal, axes, path))
+
+
+def certify_table(table: pd.DataFrame | str | os.PathLike, *, config_cols: str | Iterable[str] | None = None,
+                  alpha: float = 0.05, tol: float | None = None, samples: int | None = None, seed: int = 0,
+                  nominal: str | None = None, drop_incomplete: bool = False, family: str = "pair",
+                  correction: str = "maxt") -> CertifyResult:
+    """Verdict metrics of a long score table (a DataFrame, or a CSV/Parquet path): the same
+    computation as ``safetyrepro certify``, whose options these are (``config_cols``: axis column
+    names, a list or ``"a,b,c"``; ``samples``/``seed``: the resampling, ``samples=None`` picking
+    the count; ``family``/``correction``: the multiplicity family and its correction). The result holds
+    DataFrames: ``pairs``, ``summary`` (per benchmark), ``significance`` (item-level input) and
+    ``reversal`` (with ``nominal``); :func:`to_json` gives the CLI's JSON. The module is callable
+    as this function: ``safetyrepro.certify(df, ...)``."""
+    if isinstance(config_cols, str):
+        config_cols = [c.strip() for c in config_cols.split(",") if c.strip()]
+    cols = list(config_cols) if config_cols is not None else None
+    return certify(table, cols or None, drop_incomplete, tol, alpha=alpha, samples=samples, seed=seed,
+                   nominal=nominal, family=family, correction=correction)
 
 
 def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = None, drop_incomplete: bool = False,

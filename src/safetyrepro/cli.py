@@ -94,7 +94,8 @@ def certify(
     """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table;
     with an 'item' column also the item-level significance (rho_flip_sig, crossover test, item bootstrap)."""
     from .certify import certify as run, to_json, to_text
-    from .io import atomic_write_text, write_csv
+    from .io import write_csv
+    from .sysutil import atomic_write_text
     from .textsafe import terminal_safe
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None

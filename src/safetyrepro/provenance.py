@@ -4,6 +4,7 @@ installed copy without git is still identifiable."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import subprocess
@@ -98,7 +99,7 @@ CODE_GROUPS: dict[str, dict] = {
     # covered by the model's source in the cell fingerprint, and the shard layout by
     # shards.layout_hash (a reader's error message reruns no cell).
     "cell": {"paths": ("models", "inference", "cells.py", "requests.py"),
-             "exclude": ("models/prepare.py", "models/cli.py", "inference/bench.py")},
+             "exclude": ("models/prepare.py", "models/sources", "models/cli.py", "inference/bench.py")},
     # the prompt rendering code (in every template hash, tasks.prompts.render_code_hash)
     "render": {"paths": ("tasks/prompts.py", "tasks/render.py")},
     # the item subsets and few-shot pools
@@ -153,8 +154,6 @@ def _file_module(path: Path) -> tuple[str, str]:
 @functools.lru_cache(maxsize=None)
 def _imports(path: Path) -> frozenset[str]:
     """Package module names a source file imports (absolute or relative, anywhere in it)."""
-    import ast
-
     _, package = _file_module(path)
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):

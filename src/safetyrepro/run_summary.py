@@ -10,7 +10,7 @@ import re
 import time
 from pathlib import Path
 
-from .io import atomic_write_text
+from .sysutil import atomic_write_text
 
 
 _ERROR_BLOCK = re.compile(r"^Error in rule (\S+?):?(?:, jobid: \S+)?\s*$")
@@ -88,7 +88,7 @@ def start_run(results_dir, run_id: str) -> None:
     meanwhile leaves the workers this run uses alone."""
     global _LEASE
     from .worker.client import hold_run_lease
-    from .worker.state import default_state_dir
+    from .worker.layout import default_state_dir
 
     _LEASE = hold_run_lease(default_state_dir(results_dir), run_id)
 
@@ -97,7 +97,7 @@ def finish_run(results_dir, t0: float, ok: bool = True, snakemake_log=None,
                run_id: str | None = None) -> dict:
     from .worker.client import stop_run_workers, stop_workers
     from .worker.events import event_files, format_summary, summarize_events
-    from .worker.state import default_state_dir
+    from .worker.layout import default_state_dir
 
     state_dir = default_state_dir(results_dir)
     # stop only the workers no other live run is using (all of them without a run id)

@@ -3,7 +3,6 @@
 import os
 import re
 import shlex
-import socket
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from safetyrepro.errors import SafetyReproError
 from safetyrepro import plan as plan_module
 from safetyrepro.analysis import outputs as analysis_outputs
 from safetyrepro.plan import SHARD_PATTERN, SHARD_ROOTS, Plan
+from safetyrepro.sysutil import hostname
 
 min_version("9.0")
 
@@ -70,8 +70,7 @@ if any(m.name == "CONDA" for m in workflow.deployment_settings.deployment_method
 # results folder with a space (or a value holding "$(...)") is one argument, never code.
 # RUN_ID names this invocation to the model workers (the end-of-run cleanup stops only the
 # workers no other run is using); an environment variable, not a param, so it never reruns a job.
-RUN_ID = f"run-{socket.gethostname().split('.')[0]}-{os.getpid()}-{int(time.time())}"
-RUN_ID = re.sub(r"[^A-Za-z0-9._+-]", "_", RUN_ID)
+RUN_ID = f"run-{hostname()}-{os.getpid()}-{int(time.time())}"
 shell.prefix(
     f"set -euo pipefail; PY={shlex.quote(sys.executable)}; "
     f"export SAFETYREPRO_RUN_ID={RUN_ID}; "

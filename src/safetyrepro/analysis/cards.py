@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import ConfigError, DataError
-from ..io import atomic_write_text
+from ..sysutil import atomic_write_text
 from ..metrics import pairwise_table
 from ..provenance import code_stamp, code_version_string
 from .common import (check_same_rules, load_cell_scores, read_table, source_record, source_stale_note,

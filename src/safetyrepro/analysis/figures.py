@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
-from ..io import atomic_write_bytes
+from ..sysutil import atomic_write_bytes
 from ..provenance import code_stamp, code_version_string, stale_reason
 from .common import read_table, source_record
 from .outputs import FIGURES, figure_outputs

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import DataError
-from ..io import atomic_write_text
+from ..sysutil import atomic_write_text
 from ..provenance import code_version_string
 from ..metrics import reversal_line
 from ..metrics.significance import headline_sentence

@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
 
 from ..analysis.outputs import cross_package_files
 from ..errors import DataError
+from ..sysutil import package_version
 from .localdata import write_lmeval_task
 
 #: benchmarks each package scores here
@@ -46,13 +46,6 @@ OBJECTS = {
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _version(pkg: str) -> str:
-    try:
-        return metadata.version(pkg)
-    except metadata.PackageNotFoundError:
-        return "not installed"
 
 
 # ------------------------------------------------------------------------------ SafetyRepro
@@ -165,7 +158,7 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
                     "matmuls, each context computed once, log-softmax in fp32")
     out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=shots or None, log_samples=True,
                           task_manager=TaskManager(include_path=str(task_dir), include_defaults=False), bootstrap_iters=0)
-    version = _version("lm_eval")
+    version = package_version("lm_eval")
     rows = []
     for task, b in names.items():
         samples = out["samples"][task]
@@ -237,7 +230,7 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
 
     from .inspect_tasks import LETTERS, _task, write_inspect_data
 
-    version = _version("inspect_ai")
+    version = package_version("inspect_ai")
     benches = [b for b in INSPECT_BENCHMARKS if b in items]
     if not benches:
         return []
@@ -381,7 +374,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
                            extra={"nominal_config": nominal, "lmeval_loop": lmeval_loop,
                                   "torch_threads": torch.get_num_threads(),
                                   "precision": "per row: columns precision and numerics",
-                                  "packages": {"lm-eval": _version("lm_eval"), "inspect_ai": _version("inspect_ai")},
+                                  "packages": {"lm-eval": package_version("lm_eval"), "inspect_ai": package_version("inspect_ai")},
                                   "timings_s": timings, "seconds": time.perf_counter() - t0},
                            producer="safetyrepro.crosspkg.stage")
     out = Path(out)

@@ -1,5 +1,5 @@
-"""Models: preparation (download / verify / convert, :mod:`.prepare`), loading with a
-quantisation on a device (:mod:`.load`) and chat formatting (:mod:`.chat`).
+"""Models: preparation (download / verify / convert, :mod:`.prepare` over :mod:`.sources`),
+loading with a quantisation on a device (:mod:`.load`) and chat formatting (:mod:`.chat`).
 
 Names are imported lazily so that the CLI (which registers the model commands) starts
 without torch or transformers."""
@@ -9,7 +9,7 @@ import importlib
 _EXPORTS = {
     "format_prompt": "chat", "format_prompt_parts": "chat",
     "LoadedModel": "load", "load_model": "load",
-    "prepare_model": "prepare", "weights_hash": "prepare",
+    "prepare_model": "prepare",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -24,9 +24,10 @@ def register(app: typer.Typer) -> None:
         Hub models are downloaded here (progress bars on stderr), never inside a cell; a
         failure names the model and what to do, and exits with status 2."""
         from ..config import load_config
-        from ..io import atomic_write_text
+        from ..sysutil import atomic_write_text
         from ..plan import Plan
-        from .prepare import prepare_model, recorded_weights_hash
+        from ..weights import recorded_weights_hash
+        from .prepare import prepare_model
 
         from .load import require_device
 

@@ -27,16 +27,17 @@ and by ``safetyrepro prepare-model``), never a silent run on the CPU.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError
-from .compute_dtype import compute_dtype, native_bf16
+from ..compute_dtype import compute_dtype, native_bf16
+from ..sysutil import package_version
+from ..weights import recorded_weights_hash
 from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
-from .prepare import prepare_model, recorded_weights_hash
+from .prepare import prepare_model
 
 QUANTIZATIONS = ("nf4", "bf16", "fp32")
 
@@ -111,13 +112,6 @@ def resolve_device(requested: str | None) -> str:
     if req not in ("cpu", "cuda"):
         raise ModelError(f"unknown device {requested!r}; expected auto, cpu or cuda")
     return req
-
-
-def _version(pkg: str) -> str:
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return "absent"
 
 
 def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
@@ -214,9 +208,9 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "dtype": dtype_name,
         "compute_dtype": str(model.dtype).removeprefix("torch."),
         "cpu_native_bf16": native_bf16(),
-        "torch_version": _version("torch"),
-        "transformers_version": _version("transformers"),
-        "bitsandbytes_version": _version("bitsandbytes"),
+        "torch_version": package_version("torch"),
+        "transformers_version": package_version("transformers"),
+        "bitsandbytes_version": package_version("bitsandbytes"),
         "chat_template": bool(getattr(tok, "chat_template", None)),
         "chat_template_hash": template_hash(tok),
         "system_role": system_role(tok),

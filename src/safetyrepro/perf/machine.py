@@ -3,11 +3,12 @@ process memory (peak resident set size)."""
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import platform
 import resource
 import sys
+
+from ..sysutil import package_version
 
 
 def cpu_model() -> str:
@@ -19,13 +20,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def _version(pkg: str) -> str:
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return "absent"
 
 
 def machine_info() -> dict:
@@ -43,9 +37,9 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "transformers": _version("transformers"),
-        "lm_eval": _version("lm_eval"),
-        "bitsandbytes": _version("bitsandbytes"),
+        "transformers": package_version("transformers"),
+        "lm_eval": package_version("lm_eval"),
+        "bitsandbytes": package_version("bitsandbytes"),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "loadavg": [round(x, 2) for x in os.getloadavg()],
     }
@@ -66,10 +60,10 @@ def peak_rss_mib() -> float:
 
 
 def cpu_features() -> dict:
-    """The CPU's bf16 support as the engine sees it (:mod:`safetyrepro.models.compute_dtype`) and
+    """The CPU's bf16 support as the engine sees it (:mod:`safetyrepro.compute_dtype`) and
     torch's kernel level: what decides a timing's meaning across CPU families."""
     import torch
 
-    from ..models.compute_dtype import describe_cpu
+    from ..compute_dtype import describe_cpu
 
     return {**describe_cpu(), "aten_cpu_capability": torch.backends.cpu.get_cpu_capability()}

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..io import atomic_write_text
+from ..sysutil import atomic_write_text
 from ..paths import PROJECT_ROOT
 from .machine import machine_info
 

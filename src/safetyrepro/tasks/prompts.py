@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..hashing import canonical_hash
+from ..provenance import group_fingerprint
 from .render import (INSTRUCTIONS_JOINER, accepted_labels, choices_of, gold_index, item_error,
                      placeholders, render, text_value)
 
@@ -21,8 +22,6 @@ PATHS = ("freeform", "logprob")
 def render_code_hash() -> str:
     """Fingerprint of the prompt-rendering code: the "render" group of
     :data:`safetyrepro.provenance.CODE_GROUPS` (this module and ``tasks/render.py``)."""
-    from ..provenance import group_fingerprint
-
     return group_fingerprint("render")
 
 

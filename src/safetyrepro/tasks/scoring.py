@@ -17,13 +17,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from ..errors import CellError
-from .render import accepted_labels, choices_of, gold_index, item_error, item_id, lookup
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .task import Task
+from ..parsing import ParseResult
+from .prompts import TaskPrompts
+from .render import accepted_labels, choices_of, gold_index, item_id, lookup
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class ItemResult:
         raise TypeError(f"cannot read an ItemResult from {type(obj).__name__}")
 
 
-def _is_correct(task: "Task", item: dict, label: str | None) -> tuple[bool, int | None]:
+def _is_correct(task: TaskPrompts, item: dict, label: str | None) -> tuple[bool, int | None]:
     """(correct, chosen_index) for a chosen label of a choice or label task."""
     if task.answer_kind == "choice":
         n = len(choices_of(task.benchmark, item))
@@ -71,15 +70,17 @@ def _is_correct(task: "Task", item: dict, label: str | None) -> tuple[bool, int 
     return label is not None and label in accepted_labels(task, item), None
 
 
-def score_freeform(task: "Task", item: dict, text: str) -> ItemResult:
+def score_freeform(task: TaskPrompts, item: dict, text: str,
+                   parse: Callable[[object, dict], ParseResult]) -> ItemResult:
+    """A free-form response, parsed by ``parse`` (the task's parser, :meth:`.task.Task.parse`)."""
     if "freeform" not in task.scoring_paths:
         raise CellError(f"{task.benchmark}: no free-form scoring path (item {item_id(item)})")
-    parsed = task.parse(text, item)
+    parsed = parse(text, item)
     correct, idx = _is_correct(task, item, parsed.label)
     return ItemResult(parsed.label, parsed.ok, correct, idx)
 
 
-def score_logprob(task: "Task", item: dict, logliks: list[float], n_tokens: list[int]) -> ItemResult:
+def score_logprob(task: TaskPrompts, item: dict, logliks: list[float], n_tokens: list[int]) -> ItemResult:
     """Raw summed log-likelihoods (no length normalisation; ``n_tokens`` is checked for shape
     and kept by the caller for diagnostics)."""
     labels = task.candidate_labels(item)
@@ -125,7 +126,7 @@ def _key(value: Any) -> str:
     return re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")
 
 
-def summarize(task: "Task", results: list, items: list[dict]) -> dict:
+def summarize(task: TaskPrompts, results: list, items: list[dict]) -> dict:
     """Cell-level numbers::
 
         {"score": main metric (higher = better), "score_num"/"score_den": the score as the

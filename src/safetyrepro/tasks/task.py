@@ -59,7 +59,7 @@ class Task(TaskPrompts):
 
     def score_freeform(self, item: dict, text: str) -> ItemResult:
         """The one place a free-form output becomes a label and a correct flag."""
-        return scoring.score_freeform(self, item, text)
+        return scoring.score_freeform(self, item, text, self.parse)
 
     def score_logprob(self, item: dict, logliks: list[float], n_tokens: list[int]) -> ItemResult:
         return scoring.score_logprob(self, item, logliks, n_tokens)

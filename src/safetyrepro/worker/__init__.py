@@ -2,7 +2,7 @@
 
 Each cell job is a thin client (:func:`run_in_worker`) of a worker process that holds one
 loaded model and runs cells on it; see :mod:`.server` for the worker's behaviour,
-:mod:`.protocol` for the wire format, :mod:`.state` for the per-node state directory and
+:mod:`.protocol` for the wire format, :mod:`.layout` (and :mod:`.locks`, :mod:`.pidfiles`, :mod:`.allocation`, :mod:`.spec`) for the per-node state directory and
 :mod:`.events` for the load/call log and its summary.
 
 This package's ``__init__`` imports only the light client side (no torch).
@@ -15,7 +15,7 @@ _EXPORTS = {
     "WorkerCallError": "errors", "WorkerCrashed": "errors", "WorkerError": "errors",
     "WorkerLoadError": "errors", "WorkerStartError": "errors",
     "event_files": "events", "format_summary": "events", "summarize_events": "events",
-    "default_state_dir": "state", "make_key": "state",
+    "default_state_dir": "layout", "make_key": "layout",
 }
 __all__ = list(_EXPORTS)
 

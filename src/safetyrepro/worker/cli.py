@@ -12,7 +12,7 @@ import typer
 
 from ..config import DEFAULTS
 from ..paths import resolve
-from .state import default_state_dir
+from .layout import default_state_dir
 
 IDLE_TIMEOUT_S = float(DEFAULTS["runtime"]["worker_idle_timeout_s"])
 

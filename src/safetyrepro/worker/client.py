@@ -21,12 +21,16 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client s
 if TYPE_CHECKING:
     from typing import Any
 
+from ..procs import pid_alive
+from .allocation import allocation_owner
 from .errors import WorkerCallError, WorkerCrashed, WorkerError, WorkerLoadError, WorkerStartError
+from .layout import WorkerPaths, device_locks, open_private, run_token
+from .locks import FileLock, lock_is_held, read_holder
+from .logtail import log_tail
+from .pidfiles import is_worker_process, list_pid_files, read_pid_file, remove_if_owned
 from .protocol import (PROTOCOL_VERSION, ConnectionClosed, ProtocolError, encode_message,
                        peer_credentials, recv_message, send_frame)
-from .state import (FileLock, WorkerPaths, allocation_owner, device_locks, is_worker_process, list_pid_files,
-                    lock_is_held, log_tail, open_private, pid_alive, read_holder, read_pid_file,
-                    remove_if_owned, run_token, spec_hash)
+from .spec import spec_hash
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 DEFAULT_START_TIMEOUT = 60.0
@@ -492,7 +496,8 @@ def own_allocation_workers(state_root: str | os.PathLike) -> bool:
     workflow is loaded in a cluster job. Returns whether this process became the owner."""
     import atexit
 
-    from .state import claim_allocation_owner, node_state_dir
+    from .allocation import claim_allocation_owner
+    from .layout import node_state_dir
 
     if not claim_allocation_owner():
         return False
@@ -513,7 +518,7 @@ def run_lease_path(state_dir: str | os.PathLike, run_id: str) -> Path:
 
 def hold_run_lease(state_dir: str | os.PathLike, run_id: str) -> FileLock:
     """Take this run's lease (keep the returned lock alive for the run's lifetime)."""
-    from .state import private_dir
+    from .layout import private_dir
 
     private_dir(state_dir)
     private_dir(Path(state_dir) / "runs")

@@ -24,7 +24,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (client s
 if TYPE_CHECKING:
     from typing import Any
 
-from .state import EVENTS_FILE, WORKERS_SUBDIR, open_private
+from .layout import EVENTS_FILE, WORKERS_SUBDIR, open_private
 
 
 def append_event(path: str | os.PathLike, record: dict[str, Any]) -> None:

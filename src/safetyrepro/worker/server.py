@@ -37,12 +37,16 @@ import traceback
 from typing import Any, Callable
 
 from ..errors import SafetyReproError
-from .events import append_event
+from ..sysutil import hostname
+from .allocation import allocation_id, owner_alive
 from .errors import WorkerError
+from .events import append_event
+from .layout import WorkerPaths, open_private, run_token
+from .locks import FileLock, read_holder
+from .pidfiles import remove_if_owned, write_pid_file
 from .protocol import (MAX_REQUEST_BYTES, PROTOCOL_VERSION, MessageTooLarge, ProtocolError, encode_message,
                        peer_credentials, recv_message, send_frame, send_message)
-from .state import (FileLock, WorkerPaths, allocation_id, hostname, open_private, owner_alive,
-                    read_holder, remove_if_owned, run_token, spec_hash, write_json_atomic)
+from .spec import spec_hash
 
 log = logging.getLogger("safetyrepro.worker")
 
@@ -446,7 +450,7 @@ class Worker:
 
     # ---- main thread ------------------------------------------------------------------
     def _write_pid_file(self) -> None:
-        write_json_atomic(self.paths.pid, {
+        write_pid_file(self.paths.pid, {
             "pid": self.pid, "key": self.key, "host": self.host, "sock": str(self.paths.sock),
             "spec": self.spec, "loader": self.loader, "started": self._started,
             "idle_timeout": self.idle_timeout, "slots": self.slots,

@@ -5,7 +5,8 @@ computing in float32 runs the same model with more precise arithmetic. ``auto`` 
 bf16 only where the CPU multiplies bf16 natively (AMX, AVX512-BF16, Arm BF16): elsewhere oneDNN
 emulates bf16 products and a bf16 GEMM runs 1.4-2.2x slower than a float32 one
 (benchmarks/results/compute_dtype.json). GPUs always compute NF4/bf16 models in bf16.
-Standard library only: the workflow resolves it when it plans the run.
+Standard library only (torch only for ``runtime.device: auto``): the workflow resolves it
+when it plans the run.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def compute_dtype(setting: str, device: str, quantization: str,
     if setting == "float32":
         return "float32"
     return "bfloat16" if native_bf16(flags, env) else "float32"
+
+
+def planned_device(requested: str) -> str:
+    """``cpu`` or ``cuda`` for ``runtime.device`` (``auto`` asks torch whether it sees a GPU)."""
+    requested = str(requested or "auto").lower()
+    if requested in ("cpu", "cuda"):
+        return requested
+    import torch  # deferred: only ``auto`` needs it
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def describe_cpu() -> dict:
