@@ -56,6 +56,7 @@ def rel(path):
 
 RESULTS = rel(PLAN.results)
 CONFIG = rel(CONFIG_PATH)
+RULES = rel(RUN.rules.path)  # the envelope rules file the config names
 # Each rule's `conda:` names the software it runs (envs/safetyrepro.yaml) for the linter; jobs
 # run in this interpreter's environment, so a conda deployment would install an unused copy.
 ENV = "../../envs/safetyrepro.yaml"

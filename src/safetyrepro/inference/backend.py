@@ -6,7 +6,8 @@ implements it with this package's engine on a loaded transformers model (and the
 prefill store). Another backend (a server, another library) implements the same two methods
 and the cells run unchanged; the tokenizer-free contract is strings in, :class:`.Generation`
 and :class:`.CandidateScore` out, and what was decided about batches into a
-:class:`.batching.BatchRecord`.
+:class:`.batching.BatchRecord`. A backend also names the tokenizer whose chat template renders
+the prompts (None: the plain rendering) and counts a prompt's tokens.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from .store import PrefillStore
 
 class ModelBackend(Protocol):
     info: dict
+    tokenizer: object  # renders chat prompts (:func:`.models.format_prompt`); None: plain text
+
+    def count_tokens(self, text: str) -> int:
+        """The number of tokens ``text`` encodes to."""
 
     def generate_streams(self, prompts: list[str], streams: list[Stream], *, max_new_tokens: int,
                          batch_size: int, progress=None,
@@ -45,6 +50,13 @@ class EngineBackend:
     @property
     def info(self) -> dict:
         return self.lm.info
+
+    @property
+    def tokenizer(self):
+        return self.lm.tokenizer
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.lm.tokenizer(text)["input_ids"])
 
     def generate_streams(self, prompts, streams, *, max_new_tokens, batch_size, progress=None,
                          record=None):
