@@ -171,16 +171,29 @@ def run_cell(
 
 @app.command()
 def aggregate(
-    config: Path = typer.Option(..., "--config", help="run config YAML"),
+    config_path: Path = typer.Option(..., "--config", help="run config YAML"),
     variant: str = typer.Option("main", "--variant", help="main, or bf16 for the precision check"),
     out_dir: Path = typer.Option(..., "--out-dir"),
+    inputs: Path = typer.Option(None, "--inputs",
+                                help="the shards and item files to read (JSON, as the workflow writes "
+                                     "it); default: the config's plan"),
 ):
     """Score every shard (re-parsing raw outputs) into the cell-score grid and item results."""
-    from .aggregate import write_aggregate
+    from .aggregate import read_inputs, write_aggregate
     from .config import load_config
-    from .plan import Plan
 
-    paths = write_aggregate(Plan(load_config(config)), variant, out_dir)
+    cfg = load_config(config_path)
+    if inputs is None:
+        from .plan import Plan
+
+        listed = Plan(cfg).aggregate_inputs(variant)
+    else:
+        listed = read_inputs(inputs)
+        if listed.variant != variant:
+            from .errors import ShardError
+
+            raise ShardError(f"{inputs} lists the {listed.variant} shards, not the {variant} ones")
+    paths = write_aggregate(cfg, listed, out_dir)
     typer.echo(json.dumps(paths, indent=2))
 
 

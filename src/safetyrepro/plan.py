@@ -33,6 +33,7 @@ from .config import RunConfig
 from .hashing import canonical_hash
 
 if TYPE_CHECKING:
+    from .aggregate import AggregateInputs
     from .cell_request import CellRequest
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
@@ -96,6 +97,17 @@ def marker_chat_template_hash(marker: str | Path, model: str) -> str | None:
     except OSError:
         return None
     return _marker_field(str(marker), mtime, model)
+
+
+def scoring_fingerprint(benchmarks) -> str:
+    """Scoring and aggregation: the parser versions of ``benchmarks`` (parser_version covers
+    the parsing code, tasks/scoring.py and the YAML's answer / parser / scoring sections) and
+    the aggregation code."""
+    from .provenance import code_fingerprint
+    from .tasks import parser_version
+
+    return canonical_hash({"parsers": {b: parser_version(b) for b in benchmarks},
+                           "code": code_fingerprint("safetyrepro.aggregate")})
 
 
 def cell_fingerprint_fields(cfg: RunConfig, model: str, quantization: str, benchmark: str, c: grid.Config,
@@ -260,6 +272,18 @@ class Plan:
     def shards(self, variant: str = "main") -> list[str]:
         return [str(self.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant)) for j in self.jobs(variant)]
 
+    def aggregate_inputs(self, variant: str = "main") -> "AggregateInputs":
+        """What aggregation reads of ``variant``: every job's shard with the fingerprint it must
+        carry (including the chat-template hash of the prepared-model markers), and the item
+        files."""
+        from .aggregate import AggregateInputs, ShardEntry
+
+        shards = tuple(ShardEntry(str(self.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant)), j.model,
+                                  j.benchmark, j.config.id, j.seed,
+                                  self.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, variant))
+                       for j in self.jobs(variant))
+        return AggregateInputs(variant, shards, {b: str(self.items_path(b)) for b in self.cfg.benchmarks})
+
     @property
     def precision_check(self) -> bool:
         if not self.cfg.section("analysis")["precision_check"]:
@@ -335,12 +359,7 @@ class Plan:
 
     @functools.cached_property
     def scoring_code(self) -> str:
-        from .tasks import parser_version
-
-        # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
-        # parser / scoring sections.
-        return canonical_hash({"parsers": {b: parser_version(b) for b in self.cfg.benchmarks},
-                               "code": self.code_fingerprint("safetyrepro.aggregate")})
+        return scoring_fingerprint(self.cfg.benchmarks)
 
     def code_fingerprint(self, producer: str) -> str:
         """Fingerprint of the code a table rule runs: ``producer`` (a module name) and every

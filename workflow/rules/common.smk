@@ -105,6 +105,25 @@ def aggregate_outputs(variant):
     }
 
 
+def write_aggregate_inputs(path, variant, declared, log_path):
+    """Write what the aggregation job of `variant` reads (safetyrepro.aggregate.write_inputs:
+    each shard with the fingerprint the plan expects, and the item files), after checking that
+    it names exactly the files `declared` (the rule's input)."""
+    from safetyrepro.aggregate import write_inputs
+
+    inputs = PLAN.aggregate_inputs(variant)
+    listed = [e.path for e in inputs.shards] + list(inputs.items.values())
+    given = list(declared.shards) + list(declared.item_files)
+    if sorted(map(os.path.abspath, listed)) != sorted(map(os.path.abspath, given)):
+        raise SafetyReproError(
+            f"the aggregation inputs of {variant} differ from the rule's declared inputs"
+        )
+    write_inputs(path, inputs)
+    Path(log_path).write_text(
+        f"{len(inputs.shards)} shard(s), {len(inputs.items)} item file(s) -> {path}\n"
+    )
+
+
 # The analysis steps' outputs, as the package names them (safetyrepro.analysis.outputs):
 # the rules declare exactly what each step writes.
 CARDS = f"{RESULTS}/cards"
