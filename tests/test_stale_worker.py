@@ -113,7 +113,7 @@ def test_a_second_mismatch_fails_the_cell_job(tmp_path):
         from safetyrepro.cell_request import format_decode_group
 
         req = job["request"]
-        args = {"config-path": req["config_path"], "config-id": req["config_id"], "model": req["model"],
+        args = {"config": req["config_path"], "config-id": req["config_id"], "model": req["model"],
                 "variant": req["variant"], "quantization": req["quantization"], "benchmark": req["benchmark"],
                 "seed": req["seed"], "decode-group": format_decode_group(req["decode_group"]),
                 "rules": req["rules"], "items": req["items"], "fewshot": req["fewshot"],

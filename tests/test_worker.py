@@ -553,7 +553,7 @@ def test_cell_client_arguments_are_checked():
     request = request_from_args(opts)
     assert request.seed == 7 and request.decode_group == (("greedy", 1), ("t0.3", 5))
     assert request.config_id == "v-config-id" and request.model_marker.endswith("/v-model-marker")
-    for bad, msg in ((full[2:], "missing --config-path"), (full + ["--seeds", "1"], "unknown option --seeds"),
+    for bad, msg in ((full[2:], "missing --config$"), (full + ["--seeds", "1"], "unknown option --seeds"),
                      (full + ["--seed", "2"], "--seed given twice"), (full + ["extra"], "unexpected argument"),
                      (full[:-1], "needs a value")):
         with pytest.raises(UsageError, match=msg):

@@ -52,13 +52,13 @@ def run_cell_via_worker(*, config_path: str, model: str, benchmark: str, config_
 
 
 # the request's fields, then the worker's settings
-CELL = ("config-path", "config-id", "model", "variant", "quantization", "benchmark", "seed",
+CELL = ("config", "config-id", "model", "variant", "quantization", "benchmark", "seed",
         "decode-group", "rules", "items", "fewshot", "model-marker", "fingerprint", "out")
 WORKER = ("state-root", "key", "idle-timeout", "timeout", "device-wait")
 REQUIRED = CELL + WORKER
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
          + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
-         "--config-path: the run config YAML; --config-id: the envelope point "
+         "--config: the run config YAML; --config-id: the envelope point "
          "(template-decoding-shots-scoring); --decode-group: the decodings it is decoded with, "
          "as DECODING:SEEDS,...; --rules, --items, --fewshot, --model-marker: the files the cell "
          "reads (the rule's declared inputs); --fingerprint: the cell fingerprint the workflow "
@@ -76,7 +76,7 @@ def request_from_args(opts: dict[str, str]) -> CellRequest:
     return CellRequest(
         model=opts["model"], variant=opts["variant"], quantization=opts["quantization"],
         benchmark=opts["benchmark"], config_id=opts["config-id"], seed=int(opts["seed"]),
-        decode_group=parse_decode_group(opts["decode-group"]), config_path=path(opts["config-path"]),
+        decode_group=parse_decode_group(opts["decode-group"]), config_path=path(opts["config"]),
         rules=path(opts["rules"]), items=path(opts["items"]), fewshot=path(opts["fewshot"]),
         model_marker=path(opts["model-marker"]), out=path(opts["out"]), fingerprint=opts["fingerprint"])
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # zero-shot logprob twins) in bf16, for every model (with the cross-package stage on, also the
 # nominal configuration and its logprob twin: Plan.nominal_bf16_configs).
 SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
-SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
+SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config_id}/s{seed}.parquet"  # under the results folder
 
 
 # ---- a cell's fingerprint, from its parts ---------------------------------------------------
@@ -174,7 +174,7 @@ class Plan:
 
     def shard_path(self, model: str, benchmark: str, config_id: str, seed: int | str, variant: str = "main") -> Path:
         return self.results / SHARD_PATTERN.format(shards=SHARD_ROOTS[variant], model=model,
-                                                   benchmark=benchmark, config=config_id, seed=seed)
+                                                   benchmark=benchmark, config_id=config_id, seed=seed)
 
     @staticmethod
     def variant_of_shard_root(root: str) -> str:

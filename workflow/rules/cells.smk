@@ -34,7 +34,7 @@ rule cell:
     output:
         f"{RESULTS}/{SHARD_PATTERN}",
     log:
-        f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config}}/s{{seed}}.log",
+        f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config_id}}/s{{seed}}.log",
     wildcard_constraints:
         shards="|".join(SHARD_ROOTS.values()),
     priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
@@ -50,7 +50,7 @@ rule cell:
         variant=cell_variant,
         quant=cell_quantization,
         decode_group=lambda w: PLAN.decode_group_arg(
-            w.benchmark, w.config, cell_variant(w)
+            w.benchmark, w.config_id, cell_variant(w)
         ),
         key=lambda w: PLAN.worker_key(w.model, cell_quantization(w)),
         state_root=rel(PLAN.worker_state_root),
@@ -62,14 +62,14 @@ rule cell:
         fingerprint=lambda w: PLAN.cell_fingerprint(
             w.model,
             w.benchmark,
-            w.config,
+            w.config_id,
             int(w.seed),
             cell_variant(w),
             chat_template=False,
         ),
     shell:
-        '"$PY" -m safetyrepro.cell_client --config-path {input.config_path:q}'
-        " --config-id {wildcards.config:q} --model {wildcards.model:q} --variant {params.variant:q}"
+        '"$PY" -m safetyrepro.cell_client --config {input.config_path:q}'
+        " --config-id {wildcards.config_id:q} --model {wildcards.model:q} --variant {params.variant:q}"
         " --quantization {params.quant:q} --benchmark {wildcards.benchmark:q} --seed {wildcards.seed:q}"
         " --decode-group {params.decode_group:q} --rules {input.rules:q} --items {input.subset:q}"
         " --fewshot {input.fewshot:q} --model-marker {input.model:q}"

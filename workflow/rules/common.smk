@@ -82,7 +82,7 @@ shell.prefix(
 wildcard_constraints:
     model="|".join(re.escape(m) for m in RUN.models),
     benchmark="|".join(RUN.benchmarks),
-    config=r"T[0-9A-Za-z.]+-[0-9A-Za-z.]+-k[0-9]+-(freeform|logprob)",
+    config_id=r"T[0-9A-Za-z.]+-[0-9A-Za-z.]+-k[0-9]+-(freeform|logprob)",
     seed=r"[0-9]+",
 
 
