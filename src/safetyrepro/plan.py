@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -152,11 +152,9 @@ def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
             "item_results": out_dir / "item_results.parquet", "provenance": out_dir / "provenance.json"}
 
 
-@dataclass(eq=False)  # hashed by identity (lru_cache on methods)
+@dataclass(eq=False, frozen=True)  # hashed by identity (lru_cache on methods)
 class Plan:
     cfg: RunConfig
-    # model -> weights identity (weights_identity): read once per plan, or what a worker loaded
-    _weights: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
 
     # ---- paths ----------------------------------------------------------------------------
     @property
@@ -374,6 +372,7 @@ class Plan:
 
         return load_task(benchmark).template_hash(template)
 
+    @functools.lru_cache(maxsize=None)
     def weights_identity(self, model: str) -> str | None:
         """What identifies the model's weights beyond its configured source: for a ``local``
         folder, the content hash of its ``*.safetensors`` files (the record the prepare step
@@ -383,21 +382,17 @@ class Plan:
         checked when the model is prepared) fixes the weights. A folder that cannot be read
         gets a placeholder, so its prepare job runs and reports why. A worker names the
         weights it loaded instead (:func:`loaded_weights_identity`)."""
-        if model not in self._weights:
-            source = self.cfg.model(model)["source"]
-            if source["kind"] != "local":
-                self._weights[model] = None
-            else:
-                from .errors import SafetyReproError
-                from .models.prepare import record_local
+        source = self.cfg.model(model)["source"]
+        if source["kind"] != "local":
+            return None
+        from .errors import SafetyReproError
+        from .models.prepare import record_local
 
-                folder = self.cfg.resolve(source["path"])
-                try:
-                    rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
-                    self._weights[model] = rec["weights_hash"]
-                except (OSError, SafetyReproError):
-                    self._weights[model] = f"unreadable:{folder}"
-        return self._weights[model]
+        folder = self.cfg.resolve(source["path"])
+        try:
+            return record_local(self.cfg.resources_dir, model, folder, announce=True)["weights_hash"]
+        except (OSError, SafetyReproError):
+            return f"unreadable:{folder}"
 
     def source_fingerprint(self, model: str) -> str:
         """What model preparation depends on: the configured source and the weights identity
