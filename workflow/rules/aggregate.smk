@@ -23,6 +23,9 @@ rule aggregate_inputs:
         f"{RESULTS}/logs/aggregate_inputs_{{variant}}.log",
     wildcard_constraints:
         variant="|".join(SHARD_ROOTS),
+    params:
+        # the code writing the list (safetyrepro.aggregate.write_inputs)
+        code=PLAN.code_fingerprint("safetyrepro.aggregate"),
     run:
         write_aggregate_inputs(output[0], wildcards.variant, input, log[0])
 
