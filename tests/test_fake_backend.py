@@ -84,3 +84,26 @@ def test_a_stale_fingerprint_is_refused_on_the_fake_backend(plan, tmp_path):
     with pytest.raises(CellError, match="this worker holds other"):
         run_cell(request, ModelCellRunner(backend=FakeBackend("other", request.quantization)), progress=False)
     assert not out.exists()
+
+
+def test_every_cell_of_a_run_on_the_fake_backend_aggregates(plan, tmp_path):
+    """All main cells of the run (decode groups served in job order) on one fake runner, then
+    aggregation of exactly the shards the plan lists: every shard carries the expected
+    fingerprint, and each (model, config) is one row of the cell-score grid."""
+    import dataclasses
+
+    from safetyrepro.aggregate import aggregate
+
+    jobs = [j for j in plan.jobs("main") if j.benchmark == "bbq"]
+    runner = _runner(plan)
+    for j in jobs:
+        out = tmp_path / j.config.id / f"s{j.seed}.parquet"
+        run_cell(plan.cell_request(j.model, j.benchmark, j.config.id, j.seed, out), runner, progress=False)
+    inputs = plan.aggregate_inputs("main")
+    listed = {(e.model, e.benchmark, e.config_id, e.seed): e for e in inputs.shards}
+    shards = tuple(dataclasses.replace(listed[j.model, j.benchmark, j.config.id, j.seed],
+                                       path=str(tmp_path / j.config.id / f"s{j.seed}.parquet")) for j in jobs)
+    cells, items, meta = aggregate(plan.cfg, dataclasses.replace(inputs, shards=shards), progress=False)
+    assert len(cells) == len({j.config.id for j in jobs}) and meta["n_shards"] == len(jobs)
+    assert len(items) == 3 * len(jobs) and set(cells["benchmark"]) == {"bbq"}
+    assert not runner._pending                      # every decode group handed out whole
