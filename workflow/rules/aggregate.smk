@@ -2,13 +2,12 @@
 # average sampled cells over seeds, and write the publishable cell-score grid and rho_flip.
 # The aggregation job reads exactly what its rule declares: the shards, the item files and the
 # run config with its rules. Their list (with each shard's expected fingerprint) is written by
-# `aggregate_inputs`, in this process, from the same plan: a list of ~1,800 paths is too long
-# for one shell command.
+# `aggregate_inputs`, a local job of the Snakemake process, from the same plan: a list of
+# ~1,800 paths is too long for one shell command.
 
-if workflow.remote_exec:
 
-    localrules:
-        aggregate_inputs,
+localrules:
+    aggregate_inputs,
 
 
 rule aggregate_inputs:
