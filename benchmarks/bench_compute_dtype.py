@@ -58,27 +58,32 @@ def child(args) -> dict:
     import pyarrow.parquet as pq
     import torch
 
-    from safetyrepro.cells import CellWorker, run_cell
+    import dataclasses
+
+    from safetyrepro.cells import ModelCellRunner, run_cell
     from safetyrepro.config import load_config
     from safetyrepro.models import load_model
     from safetyrepro.compute_dtype import compute_dtype, describe_cpu
     from safetyrepro.perf.timing import alternate
+    from safetyrepro.plan import Plan
 
     cfg = load_config(args.config)
+    plan = Plan(cfg)
     out_dir = tempfile.mkdtemp(prefix="bench_compute_dtype-")
     rec = {"cpu": describe_cpu(), "auto_picks": compute_dtype("auto", "cpu", "nf4"),
            "threads": torch.get_num_threads(), "gemm": gemm_probe(), "cells": []}
 
     def runner(lm, model, cell, name):
-        worker = CellWorker(lm)
+        worker = ModelCellRunner(lm)
         column = "raw_output" if cell.endswith("freeform") else "chosen_index"
 
         def run():
             outs = []
             for s in range(1 if "greedy" in cell else cfg.n_seeds(cell.split("-")[1])):
                 path = f"{out_dir}/{model}-{cell}-{name}-s{s}.parquet"
-                run_cell(config=args.config, model=model, benchmark=args.benchmark, cell=cell, seed=s,
-                         out=path, worker=worker, progress=False)
+                # no planned fingerprint: the plan names one compute dtype, the runs use both
+                req = dataclasses.replace(plan.cell_request(model, args.benchmark, cell, s, path), fingerprint=None)
+                run_cell(req, worker, progress=False)
                 outs.extend(pq.read_table(path, columns=[column]).column(0).to_pylist())
             return outs
         return run

@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     import pyarrow.parquet as pq
     import torch
 
-    from safetyrepro.cells import CellWorker, run_cell
+    from safetyrepro.cells import ModelCellRunner, run_cell
     from safetyrepro.config import load_config
     from safetyrepro.models import load_model
     from safetyrepro.perf.report import publish
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     out_dir = tempfile.mkdtemp(prefix="bench_cpu_engine-")
 
     def runner(lm, model: str, cell: str, name: str):
-        worker = CellWorker(lm)
+        worker = ModelCellRunner(lm)
         sampled = "greedy" not in cell
         column = "raw_output" if cell.endswith("freeform") else "chosen_index"
 
@@ -71,8 +71,7 @@ def main(argv=None) -> int:
             outs = []
             for s in range(cfg.n_seeds(cell.split("-")[1]) if sampled else 1):
                 path = f"{out_dir}/{model}-{cell}-{name}-s{s}.parquet"
-                run_cell(config=args.config, model=model, benchmark=args.benchmark, cell=cell,
-                         seed=s, out=path, worker=worker, progress=False)
+                run_cell(plan.cell_request(model, args.benchmark, cell, s, path), worker, progress=False)
                 outs.extend(pq.read_table(path, columns=[column]).column(0).to_pylist())
             return outs
         return run

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     import torch
 
     import safetyrepro.inference as inference
-    from safetyrepro.cells import CellWorker, run_cell
+    from safetyrepro.cells import ModelCellRunner, run_cell
     from safetyrepro.config import load_config
     from safetyrepro.inference.generate import generate_multi_seed
     from safetyrepro.perf.report import publish
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         print(f"{plan.items_path(args.benchmark)} is missing: run `safetyrepro items --config "
               f"{args.config}` (or the workflow) first", file=sys.stderr)
         return 2
-    worker = CellWorker.load(args.config, args.model)
+    worker = ModelCellRunner.load(args.config, args.model)
     lm = worker.lm
     n_seeds = max(cfg.n_seeds(d) for d in ("t0.3", "t0.7"))
     out_dir = tempfile.mkdtemp(prefix="bench_seed_columns-")
@@ -69,8 +69,8 @@ def main(argv=None) -> int:
                 texts = []
                 for s in range(n_seeds):
                     path = f"{out_dir}/{cell}-{int(columns)}-s{s}.parquet"
-                    run_cell(config=args.config, model=args.model, benchmark=args.benchmark, cell=cell,
-                             seed=s, out=path, worker=worker, progress=False)
+                    run_cell(plan.cell_request(args.model, args.benchmark, cell, s, path), worker,
+                             progress=False)
                     texts.append(pq.read_table(path, columns=["raw_output"]).column(0).to_pylist())
                 return texts
             finally:

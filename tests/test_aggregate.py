@@ -25,7 +25,7 @@ def fresh(run):
 
 
 def _cells(plan, variant="main"):
-    cells, items, meta = aggregate(plan, variant, progress=False)
+    cells, items, meta = aggregate(plan.cfg, plan.aggregate_inputs(variant), progress=False)
     return cells.set_index(["model", "config"]), items, meta
 
 
@@ -91,7 +91,7 @@ def test_missing_stale_and_old_shards_are_listed(fresh):
     del raw["variant"]
     write_parquet(table, old, raw)
     with pytest.raises(ShardError) as err:
-        aggregate(plan, "main", progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs("main"), progress=False)
     text = str(err.value)
     assert text.startswith("3 shard(s) missing, corrupt or stale")
     assert str(missing) in text and f"{stale}: stale" in text
@@ -102,12 +102,12 @@ def test_mixed_rules_stamps_and_item_subsets_are_refused(fresh):
     plan = fresh
     odd = write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, rules_stamp="other-stamp")
     with pytest.raises(ShardError, match="different rules stamps") as err:
-        aggregate(plan, "main", progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs("main"), progress=False)
     assert "other-stamp: 1 shard(s), e.g. " + str(odd) in str(err.value)
     write_all(plan, "main")
     odd = write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, subset_hash="other-subset")
     with pytest.raises(ShardError, match="item-subset hashes for truthfulqa"):
-        aggregate(plan, "main", progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs("main"), progress=False)
 
 
 def test_a_shard_row_for_an_unknown_item_is_named(fresh):
@@ -120,7 +120,7 @@ def test_a_shard_row_for_an_unknown_item_is_named(fresh):
     rows[0]["item_id"] = "no-such-item"
     write_shard(path, rows, meta)
     with pytest.raises(ShardError, match=f"{path}: item no-such-item is not in"):
-        aggregate(plan, "main", progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs("main"), progress=False)
 
 
 def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_path):
@@ -137,11 +137,11 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
                batching={"oom_splits": [split], "plans": [plan_rec]},
                model_info={"weights_hash": "synthetic", "dtype": "float32", "torch_version": "9.9"})
     with pytest.raises(ShardError, match="different dtype"):  # the other m-nf4 shards record none
-        write_aggregate(plan, "main", tmp_path)
+        write_aggregate(plan.cfg, plan.aggregate_inputs("main"), tmp_path)
     write_all(plan)
     write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version(),
                batching={"oom_splits": [split], "plans": [plan_rec]})
-    paths = write_aggregate(plan, "main", tmp_path)
+    paths = write_aggregate(plan.cfg, plan.aggregate_inputs("main"), tmp_path)
     assert paths == {k: str(v) for k, v in aggregate_outputs(tmp_path, "main").items()}
     assert all((tmp_path / p).exists() for p in paths.values())
     prov = json.loads((tmp_path / "provenance.json").read_text())
@@ -157,5 +157,33 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
     assert format_code_version(code_version()) in rec["code_version"].split(", ")
     assert set(prov) == {"m-nf4", "m-bf16"}
     write_all(plan, "bf16")
-    assert write_aggregate(plan, "bf16", tmp_path) == {"cell_scores": str(tmp_path / "cell_scores_bf16.parquet"),
+    assert write_aggregate(plan.cfg, plan.aggregate_inputs("bf16"), tmp_path) == {
+        "cell_scores": str(tmp_path / "cell_scores_bf16.parquet"),
                                                        "item_results": str(tmp_path / "item_results_bf16.parquet")}
+
+
+def test_aggregation_reads_exactly_the_listed_shards_and_items(fresh, tmp_path):
+    """The job's input list (as the workflow writes it) round-trips, and aggregation reads the
+    files it names, not the plan's: a list naming a shard elsewhere reads that one."""
+    import dataclasses
+    import shutil
+
+    from safetyrepro.aggregate_inputs import read_inputs, write_inputs
+
+    plan = fresh
+    inputs = plan.aggregate_inputs("main")
+    write_inputs(tmp_path / "inputs.json", inputs)
+    assert read_inputs(tmp_path / "inputs.json") == inputs
+    (tmp_path / "bad.json").write_text('{"variant": "main"}')
+    with pytest.raises(ShardError, match="not an aggregation input list"):
+        read_inputs(tmp_path / "bad.json")
+    first = inputs.shards[0]
+    moved = tmp_path / "elsewhere.parquet"
+    shutil.copy(first.path, moved)
+    listed = dataclasses.replace(inputs, shards=(dataclasses.replace(first, path=str(moved)), *inputs.shards[1:]))
+    _, _, meta = aggregate(plan.cfg, listed, progress=False)
+    assert str(moved) in meta["shard_fingerprints"] and first.path not in meta["shard_fingerprints"]
+    # the item files are the listed ones: a list without a benchmark's item file is refused
+    no_items = dataclasses.replace(inputs, items={b: p for b, p in inputs.items.items() if b != first.benchmark})
+    with pytest.raises(ShardError, match=f"name no item file for {first.benchmark}"):
+        aggregate(plan.cfg, no_items, progress=False)

@@ -94,7 +94,7 @@ def _write_shards(plan) -> None:
 
 def test_aggregation_carries_exact_fractions_and_the_tie_survives(plan):
     _write_shards(plan)
-    cells, items, _ = aggregate(plan, progress=False)
+    cells, items, _ = aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)
     sampled = cells[cells["decoding"] == "t0.7"].set_index("model")
     a, b = sampled.loc["smol-fp32"], sampled.loc["smol-nf4"]
     # the per-seed float means differ in the last bit ...
@@ -132,20 +132,20 @@ def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
     table, meta = read_parquet(path)
     write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w-replaced-folder"}})
     with pytest.raises(ShardError) as ei:
-        aggregate(plan, progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)
     msg = str(ei.value)
     assert "model smol-fp32: different weights_hash" in msg and str(path) in msg
     assert "w-replaced-folder: 1 shard(s)" in msg and "smol-nf4" not in msg
     write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w", "device": "cuda"}})
     with pytest.raises(ShardError, match="model smol-fp32: different device"):
-        aggregate(plan, progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)
     # the chat template is read from the shard's own field (ShardMeta.chat_template_hash)
     write_parquet(table, path, {**meta, "chat_template_hash": "c" * 64})
     with pytest.raises(ShardError, match="model smol-fp32: different chat_template_hash") as ei:
-        aggregate(plan, progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)
     assert "c" * 64 + ": 1 shard(s)" in str(ei.value)
     _write_shards(plan)
-    aggregate(plan, progress=False)                      # consistent again: aggregates
+    aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)                      # consistent again: aggregates
 
 
 def test_aggregation_refuses_a_shard_of_other_items_content(plan):
@@ -160,8 +160,8 @@ def test_aggregation_refuses_a_shard_of_other_items_content(plan):
     path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
     table, meta = read_parquet(path)
     write_parquet(table, path, {**meta, "items_content_hash": current})
-    aggregate(plan, progress=False)                      # the current content: accepted
+    aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)                      # the current content: accepted
     write_parquet(table, path, {**meta, "items_content_hash": "0" * 64})
     with pytest.raises(ShardError, match=rf"{path}: computed from items content 000000000000, but .* now "
                                          rf"holds {current[:12]}.*delete the shards of xstest"):
-        aggregate(plan, progress=False)
+        aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)

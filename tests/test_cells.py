@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from safetyrepro.cells import CellWorker, run_cell
+from safetyrepro.cells import ModelCellRunner, run_cell
 from safetyrepro.config import load_config
 from safetyrepro.errors import CellError
 from safetyrepro.items import build_items
@@ -41,14 +41,28 @@ def setup(tmp_path_factory):
     for b in rc.benchmarks:
         build_items(rc, b)
     lm = load_model(rc, "smol")
-    return d, str(path), CellWorker(lm)
+    return d, str(path), ModelCellRunner(lm)
+
+
+def _request(path, model, benchmark, cell, seed, out, variant="main"):
+    """The plan's resolved request of a cell; for a cell the plan cannot resolve (an invalid
+    id, a seed out of range) a valid request with that id and seed put in, as a client may."""
+    import dataclasses
+
+    from safetyrepro.plan import Plan
+
+    plan = Plan(load_config(path))
+    try:
+        return plan.cell_request(model, benchmark, cell, seed, out, variant)
+    except ValueError:
+        base = plan.cell_request(model, benchmark, "T1-greedy-k0-logprob", 0, out, variant)
+        return dataclasses.replace(base, config_id=cell, seed=seed, fingerprint=None)
 
 
 def _run(setup, benchmark, cell, seed=0, name=None):
     d, path, worker = setup
     out = d / "shards" / (name or f"{benchmark}-{cell}-s{seed}.parquet")
-    summary = run_cell(config=path, model="smol", benchmark=benchmark, cell=cell, seed=seed, out=str(out),
-                       worker=worker, progress=False)
+    summary = run_cell(_request(path, "smol", benchmark, cell, seed, out), worker, progress=False)
     return out, summary
 
 
@@ -192,9 +206,25 @@ def test_a_decode_group_is_generated_once_and_handed_out_per_job(setup, monkeypa
     ("bbq", "T1-greedy-k0", 0, "template-decoding-shots-scoring"),
 ])
 def test_invalid_cells_are_refused_naming_the_cell(setup, benchmark, cell, seed, needle):
+    d, path, worker = setup
+    request = _request(path, "smol", benchmark, cell, seed, d / "invalid.parquet")
     with pytest.raises(CellError) as err:
-        _run(setup, benchmark, cell, seed=seed)
+        run_cell(request, worker, progress=False)
     assert needle in str(err.value) and "smol/" in str(err.value)
+    assert not (d / "invalid.parquet").exists()
+
+
+def test_a_request_naming_another_rules_file_is_refused(setup, tmp_path):
+    """The rules file a job declares is the one its run config reads, else the cell is refused."""
+    import dataclasses
+
+    d, path, worker = setup
+    request = _request(path, "smol", "bbq", "T1-greedy-k0-logprob", 0, tmp_path / "x.parquet")
+    other = tmp_path / "envelope.yaml"
+    other.write_text(open(request.rules).read())
+    with pytest.raises(CellError, match="declares the rules file"):
+        run_cell(dataclasses.replace(request, rules=str(other)), worker, progress=False)
+    assert not (tmp_path / "x.parquet").exists()
 
 
 def test_missing_items_named(setup, tmp_path):
@@ -203,9 +233,9 @@ def test_missing_items_named(setup, tmp_path):
     cfg["runtime"]["results_dir"] = str(tmp_path / "empty")
     p2 = tmp_path / "c.yaml"
     p2.write_text(yaml.safe_dump(cfg))
+    request = _request(p2, "smol", "bbq", "T1-greedy-k0-freeform", 0, tmp_path / "x.parquet")
     with pytest.raises(CellError, match="item file .*bbq.parquet is missing"):
-        run_cell(config=str(p2), model="smol", benchmark="bbq", cell="T1-greedy-k0-freeform", seed=0,
-                 out=str(tmp_path / "x.parquet"), worker=worker, progress=False)
+        run_cell(request, worker, progress=False)
     assert not (tmp_path / "x.parquet").exists()
 
 
@@ -247,12 +277,11 @@ def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, 
     assert plan.decode_group("bbq", cell, "main") == (("greedy", 1), ("t0.3", 5), ("t0.7", 5))
     assert plan.decode_group("bbq", cell, "bf16") == (("greedy", 1),)
     calls = _count_streams(monkeypatch)
-    worker16 = CellWorker(load_model(rc, "smol16"))
+    worker16 = ModelCellRunner(load_model(rc, "smol16"))
     metas = {}
     for variant in ("bf16", "main"):
         out = tmp_path / f"{variant}.parquet"
-        run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0, out=str(out),
-                 variant=variant, worker=worker16, progress=False)
+        run_cell(_request(p16, "smol16", "bbq", cell, 0, out, variant), worker16, progress=False)
         metas[variant] = read_shard(out)[1].as_dict()
     assert calls == [1, 11]
     for variant, meta in metas.items():
@@ -260,10 +289,12 @@ def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, 
         assert meta["decode_group"] == [list(g) for g in plan.decode_group("bbq", cell, variant)]
         assert meta["fingerprint"] == plan.cell_fingerprint("smol16", "bbq", cell, 0, variant)
     assert metas["bf16"]["fingerprint"] != metas["main"]["fingerprint"]
+    import dataclasses
+
+    nf4 = dataclasses.replace(_request(p16, "smol16", "bbq", cell, 0, tmp_path / "x.parquet", "bf16"),
+                              quantization="nf4")
     with pytest.raises(CellError, match="quantization 'nf4' given"):
-        run_cell(config=str(p16), model="smol16", benchmark="bbq", cell=cell, seed=0,
-                 out=str(tmp_path / "x.parquet"), variant="bf16", quantization="nf4", worker=worker16,
-                 progress=False)
+        run_cell(nf4, worker16, progress=False)
 
 
 def test_chat_template_hash_in_shard_and_fingerprint(setup):
@@ -304,17 +335,15 @@ def test_nan_logits_in_free_form_decoding_fail_the_cell_naming_the_item(setup, t
 
     from safetyrepro.items import read_items
 
-    from safetyrepro.cells import CellWorker
-
     d, path, worker = setup
-    broken = CellWorker(lm=dataclasses.replace(worker.lm, model=copy.deepcopy(worker.lm.model)))
+    broken = ModelCellRunner(dataclasses.replace(worker.lm, model=copy.deepcopy(worker.lm.model)))
     with torch.no_grad():
         broken.lm.model.model.norm.weight.fill_(float("nan"))
     ids = set(read_items(load_config(path).results_dir / "items" / "truthfulqa.parquet")[0]["item_id"])
     out = tmp_path / "nan.parquet"
     with pytest.raises(CellError, match=r"item (\S+): non-finite logit \(nan\)") as ei:
-        run_cell(config=path, model="smol", benchmark="truthfulqa", cell="T3-greedy-k5-freeform", seed=0,
-                 out=str(out), worker=broken, progress=False)
+        run_cell(_request(path, "smol", "truthfulqa", "T3-greedy-k5-freeform", 0, out), broken,
+                 progress=False)
     import re
 
     assert re.search(r"item (\S+): non-finite", str(ei.value)).group(1) in ids   # a real item id

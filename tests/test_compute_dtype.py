@@ -71,11 +71,16 @@ def test_fingerprint_and_worker_key_name_the_compute_dtype(default_cfg, tmp_path
     assert plans["bf16"].compute_dtype("smollm2-135m") == "bfloat16"
     assert plans["float32"].compute_dtype("smollm2-135m") == "float32"
     assert plans["bf16"].worker_key("smollm2-135m", "nf4") != plans["float32"].worker_key("smollm2-135m", "nf4")
-    # a worker fingerprints with what the model it loaded computes in
+    # the fingerprint's field is the one a worker fills from the model it loaded
+    from safetyrepro.plan import cell_fingerprint, cell_fingerprint_fields
+
     p = plans["bf16"]
-    p.use_loaded_weights("smollm2-135m", {"model_key": "smollm2-135m", "compute_dtype": "float32"})
-    assert p.cell_fingerprint("smollm2-135m", "truthfulqa", "T1-greedy-k0-freeform", 0,
-                              chat_template=False) == fp["float32"]
+    c = p.config("T1-greedy-k0-freeform")
+    common = dict(template_hash=p.template_hash("truthfulqa", "T1"), weights=None, code=p.inference_code)
+    loaded = {d: cell_fingerprint(cell_fingerprint_fields(
+        p.cfg, "smollm2-135m", "nf4", "truthfulqa", c, 0, p.decode_group("truthfulqa", "T1-greedy-k0-freeform"),
+        compute=d, **common)) for d in ("bfloat16", "float32")}
+    assert loaded["bfloat16"] == fp["bf16"] and loaded["float32"] != fp["bf16"]
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from safetyrepro.config import load_config
-from safetyrepro.plan import SHARD_ROOTS, Plan
+from safetyrepro.plan import (SHARD_ROOTS, Plan, cell_fingerprint, cell_fingerprint_fields,
+                             loaded_weights_identity)
 from workflow_support import ROOT
 from config_support import config_copy
 
@@ -234,7 +235,13 @@ def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_pa
     os.utime(folder / "model.safetensors", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched only
     assert snapshot()[1:] == (cells1, prep1)
     # a worker fingerprints with the weights it loaded, not the folder's now
-    p1.use_loaded_weights("b", {"model_key": "b", "weights_hash": p0.weights_identity("b")})
-    assert p1.cell_fingerprint("b", "bbq", "T1-greedy-k0-freeform", 0) == cells0[("b", "T1-greedy-k0-freeform", 0)]
+    cid = "T1-greedy-k0-freeform"
+    c = p1.config(cid)
+    loaded = loaded_weights_identity(p1.cfg, "b", {"model_key": "b", "weights_hash": p0.weights_identity("b")})
+    fields = cell_fingerprint_fields(p1.cfg, "b", p1.quantization("b"), "bbq", c, 0, p1.decode_group("bbq", cid),
+                                     template_hash=p1.template_hash("bbq", c.template), weights=loaded,
+                                     code=p1.inference_code, compute=p1.compute_dtype("b"))
+    assert cell_fingerprint(fields, p1.chat_template_hash("b")) == cells0[("b", cid, 0)]
+    assert cell_fingerprint(fields, p1.chat_template_hash("b")) != cells1[("b", cid, 0)]
     (folder / "model.safetensors").unlink()
     assert snapshot()[0].weights_identity("b") == f"unreadable:{folder}"

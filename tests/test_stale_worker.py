@@ -77,10 +77,9 @@ from safetyrepro.config import load_config
 from safetyrepro.plan import Plan
 plan = Plan(load_config(sys.argv[1]))
 m, b, c = "smol-fp32", "xstest", "T1-greedy-k0-freeform"
-q = plan.quantization(m)
-print(json.dumps({"fingerprint": plan.cell_fingerprint(m, b, c, 0, chat_template=False), "quantization": q,
-                  "key": plan.worker_key(m, q), "state_root": str(plan.worker_state_root),
-                  "items": str(plan.items_path(b)), "fewshot": str(plan.fewshot_path(b))}))
+request = plan.cell_request(m, b, c, 0, sys.argv[2])
+print(json.dumps({"request": request.as_message(), "key": plan.worker_key(m, request.quantization),
+                  "state_root": str(plan.worker_state_root)}))
 """
 
 
@@ -105,18 +104,23 @@ def test_a_second_mismatch_fails_the_cell_job(tmp_path):
     env = dict(env_for(project), SAFETYREPRO_DEVICE_LOCK_DIR=str(tmp_path / "devices"))
 
     def planned_job():
-        out = subprocess.run([sys.executable, "-c", PLANNED, str(config)], env=env, cwd=project,
+        out = subprocess.run([sys.executable, "-c", PLANNED, str(config), str(shard)], env=env, cwd=project,
                              capture_output=True, text=True, check=True).stdout
         return json.loads(out)
 
     shard = results / "shards" / "smol-fp32" / "xstest" / "T1-greedy-k0-freeform" / "s0.parquet"
 
     def run_job(job):
-        args = {"config": config, "model": "smol-fp32", "variant": "main", "quantization": job["quantization"],
-                "benchmark": "xstest", "cell": "T1-greedy-k0-freeform", "seed": 0, "items": job["items"],
-                "fewshot": job["fewshot"], "state-root": job["state_root"], "key": job["key"],
-                "idle-timeout": 60, "timeout": 600, "device-wait": 600, "fingerprint": job["fingerprint"],
-                "out": shard}
+        from safetyrepro.cell_request import format_decode_group
+
+        req = job["request"]
+        args = {"config": req["config_path"], "config-id": req["config_id"], "model": req["model"],
+                "variant": req["variant"], "quantization": req["quantization"], "benchmark": req["benchmark"],
+                "seed": req["seed"], "decode-group": format_decode_group(req["decode_group"]),
+                "rules": req["rules"], "items": req["items"], "fewshot": req["fewshot"],
+                "model-marker": req["model_marker"], "fingerprint": req["fingerprint"], "out": req["out"],
+                "state-root": job["state_root"], "key": job["key"], "idle-timeout": 60, "timeout": 600,
+                "device-wait": 600}
         argv = [a for k, v in args.items() for a in (f"--{k}", str(v))]
         return subprocess.run([sys.executable, "-m", "safetyrepro.cell_client", *argv], env=env, cwd=project,
                               capture_output=True, text=True, timeout=900)
@@ -127,7 +131,7 @@ def test_a_second_mismatch_fails_the_cell_job(tmp_path):
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     r = run_job(job)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "StaleWorkerError" in r.stderr and f"job's fingerprint {job['fingerprint'][:12]}" in r.stderr
+    assert "StaleWorkerError" in r.stderr and f"job's fingerprint {job['request']['fingerprint'][:12]}" in r.stderr
     assert "found the same mismatch after the stale one" in r.stderr and "run the workflow again" in r.stderr
     assert not shard.exists()
     state = default_state_dir(results)
@@ -145,4 +149,4 @@ def test_a_second_mismatch_fails_the_cell_job(tmp_path):
     r = run_job(planned_job())                         # planned with the edited config
     assert r.returncode == 0, r.stdout + r.stderr
     _, meta = read_parquet(shard)
-    assert meta["fingerprint"] != job["fingerprint"]
+    assert meta["fingerprint"] != job["request"]["fingerprint"]

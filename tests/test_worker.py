@@ -543,23 +543,46 @@ def test_cell_client_imports_only_what_a_running_worker_needs():
 
 
 def test_cell_client_arguments_are_checked():
-    from safetyrepro.cell_client import REQUIRED, UsageError, main, parse_args
+    from safetyrepro.cell_client import REQUIRED, UsageError, main, parse_args, request_from_args
 
     def value(n):
-        return {"seed": "7", "idle-timeout": "5"}.get(n, f"v-{n}")
+        return {"seed": "7", "idle-timeout": "5", "decode-group": "greedy:1,t0.3:5"}.get(n, f"v-{n}")
 
     full = [x for n in REQUIRED for x in (f"--{n}", value(n))]
-    opts = parse_args(full[:-2] + [f"--out={value('out')}"])
-    assert opts["seed"] == "7" and opts["idle-timeout"] == "5" and opts["out"] == "v-out"
+    opts = parse_args(full[:-2] + [f"--device-wait={value('device-wait')}"])
+    assert opts["seed"] == "7" and opts["idle-timeout"] == "5" and opts["device-wait"] == "v-device-wait"
     assert opts["variant"] == "v-variant" and opts["items"] == "v-items" and opts["state-root"] == "v-state-root"
-    for bad, msg in ((full[2:], "missing --config"), (full + ["--seeds", "1"], "unknown option --seeds"),
+    request = request_from_args(opts)
+    assert request.seed == 7 and request.decode_group == (("greedy", 1), ("t0.3", 5))
+    assert request.config_id == "v-config-id" and request.model_marker.endswith("/v-model-marker")
+    for bad, msg in ((full[2:], "missing --config$"), (full + ["--seeds", "1"], "unknown option --seeds"),
                      (full + ["--seed", "2"], "--seed given twice"), (full + ["extra"], "unexpected argument"),
                      (full[:-1], "needs a value")):
         with pytest.raises(UsageError, match=msg):
             parse_args(bad)
     seed_at = full.index("--seed") + 1
     assert main(full[:seed_at] + ["x"] + full[seed_at + 1:]) == 2          # a seed that is not an integer
+    group_at = full.index("--decode-group") + 1
+    for bad_group in ("greedy", "greedy:0", "greedy:1,"):
+        assert main(full[:group_at] + [bad_group] + full[group_at + 1:]) == 2
     assert main(["--help"]) == 0
+
+
+def test_a_cell_request_travels_as_data():
+    """What the client sends is what the worker reads back; a malformed message is refused."""
+    from safetyrepro.cell_request import CellRequest, format_decode_group, parse_decode_group
+
+    req = CellRequest(model="m", variant="main", quantization="nf4", benchmark="bbq",
+                      config_id="T1-t0.3-k0-freeform", seed=2, decode_group=(("greedy", 1), ("t0.3", 5)),
+                      config_path="/c.yaml", rules="/r.yaml", items="/i", fewshot="/f", model_marker="/m.json",
+                      out="/o.parquet", fingerprint="ab" * 32)
+    message = json.loads(json.dumps(req.as_message()))
+    assert CellRequest.from_message(message) == req
+    assert parse_decode_group(format_decode_group(req.decode_group)) == req.decode_group
+    for broken in ({**message, "extra": 1}, {k: v for k, v in message.items() if k != "items"},
+                   {**message, "decode_group": [["greedy"]]}, [message]):
+        with pytest.raises(ValueError):
+            CellRequest.from_message(broken)
 
 
 # ---- who may connect, what may be run (issue 15) ---------------------------------------------

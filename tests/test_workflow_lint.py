@@ -1,5 +1,7 @@
 """The Snakefiles pass `snakemake --lint` and `snakefmt --check`, and a dry run of the
 default config plans the full grid (no job runs)."""
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -147,3 +149,66 @@ def test_conda_deployment_is_refused_before_any_job(tmp_path):
              "--configfile", "config/config.yaml")
     assert r.returncode != 0
     assert "--software-deployment-method conda is not supported" in r.stdout + r.stderr
+
+
+def _jobs_with_commands(text):
+    """Each job of a dry run with -p as (rule, {field: value}, its shell command)."""
+    jobs, current = [], None
+    for line in text.splitlines():
+        m = re.match(r"^ *rule ([\w.-]+):$", line)
+        if m:
+            current = (m.group(1), {})
+        elif current and line.startswith("Shell command: "):
+            jobs.append((*current, line[len("Shell command: "):]))
+            current = None
+        elif current and ": " in line.strip():
+            k, v = line.strip().split(": ", 1)
+            current[1][k] = v
+    return jobs
+
+
+def test_cell_and_aggregation_commands_pass_only_their_declared_files(tmp_path):
+    """The rule is the contract: every file a cell or aggregation command passes is one of its
+    job's declared inputs or outputs, and the cell command passes every declared input."""
+    import shlex
+
+    import yaml
+
+    cfg = config_copy(ROOT / "config/config.yaml")
+    results = tmp_path / "results"
+    cfg["runtime"]["results_dir"] = str(results)
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    shard = str(results / "shards" / "smollm2-135m" / "bbq" / "T1-t0.3-k0-freeform" / "s2.parquet")
+    r = _run(str(BIN / "snakemake"), shard, str(results / "tables" / "cell_scores.parquet"), "-n", "-p",
+             "--cores", "1", "--resources", "gpu=1", "--directory", str(ROOT), "--configfile", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    jobs = _jobs_with_commands(r.stdout + r.stderr)
+
+    def files(field):
+        return {str((ROOT / p).resolve()) for p in field.split(", ")}
+
+    def passed(cmd, flags):
+        argv = shlex.split(cmd.split(" > ")[0])
+        return {flag: str((ROOT / argv[argv.index(flag) + 1]).resolve()) for flag in flags}
+
+    (cell,) = [(f, cmd) for rule, f, cmd in jobs if rule == "cell" and f["output"] == shard]
+    fields, cmd = cell
+    paths = passed(cmd, ("--config", "--rules", "--items", "--fewshot", "--model-marker", "--out"))
+    assert set(paths.values()) == files(fields["input"]) | files(fields["output"])
+    assert paths["--config"] == str(path) and paths["--out"] == shard
+    assert "--decode-group greedy:1,t0.3:5,t0.7:5" in cmd and "--config-id T1-t0.3-k0-freeform" in cmd
+
+    (agg,) = [(f, cmd) for rule, f, cmd in jobs if rule == "aggregate"]
+    fields, cmd = agg
+    paths = passed(cmd, ("--config", "--inputs", "--out-dir"))
+    declared = files(fields["input"])
+    assert paths["--config"] in declared and paths["--inputs"] in declared
+    assert paths["--inputs"] == str(results / "aggregate" / "inputs_main.json")
+    assert {os.path.dirname(p) for p in files(fields["output"])} == {paths["--out-dir"]}
+    # the list the aggregation job reads is written from exactly the declared shards and items
+    (listing,) = [f for rule, f, _ in jobs if rule == "aggregate_inputs"]
+    assert files(listing["input"]) - declared == {str(results / "models" / f"{m}.json") for m in cfg["models"]}
+    assert declared - files(listing["input"]) == {paths["--config"], paths["--inputs"],
+                                                   str((ROOT / "config" / "envelope.yaml").resolve())}

@@ -4,6 +4,10 @@ Free-form raw outputs are re-parsed here with the current parsers (the only plac
 become labels), so a parser fix re-scores without re-running any model. Aggregation refuses to
 mix shards that carry different rules stamps or item-subset hashes, or that are stale (their
 fingerprint differs from the plan's), and lists the offending files.
+
+It reads exactly the files it is given (:class:`AggregateInputs`: each cell's shard with the
+fingerprint the plan expects of it, and the item files; the workflow writes them for the job,
+:func:`.aggregate_inputs.write_inputs`) and the run config with its rules; it does not plan the run again.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .aggregate_inputs import AggregateInputs
 from .errors import ShardError
 from .io import write_parquet
 from .provenance import code_stamp, code_version
@@ -78,53 +83,59 @@ def check_numerics(metas: dict[str, dict]) -> None:
                          "workflow again")
 
 
-def aggregate(plan, variant: str = "main", progress: bool = True):
-    """Return (cell_scores DataFrame, item_results DataFrame, metadata dict)."""
-    return _aggregate(plan, variant, progress)[:3]
+def aggregate(cfg, inputs: AggregateInputs, progress: bool = True):
+    """Return (cell_scores DataFrame, item_results DataFrame, metadata dict) of the shards and
+    item files ``inputs`` names; ``cfg``: the run config (rules, model names)."""
+    return _aggregate(cfg, inputs, progress)[:3]
 
 
-def _aggregate(plan, variant: str, progress: bool):
+def _aggregate(cfg, inputs: AggregateInputs, progress: bool):
     """:func:`aggregate`'s results and the metadata of every shard read ({path: dict})."""
     from tqdm import tqdm
 
+    from .grid import Job, config_of
     from .items import read_items
+    from .plan import scoring_fingerprint
     from .shards import read_shard
     from .tasks import load_task
 
-    cfg = plan.cfg
-    jobs = plan.jobs(variant)
+    variant, item_files = inputs.variant, inputs.items
+    benchmarks = list(item_files)
+    unlisted = sorted({e.benchmark for e in inputs.shards} - set(benchmarks))
+    if unlisted:
+        raise ShardError(f"the aggregation inputs name no item file for {', '.join(unlisted)}")
     metas, tables, job_of = {}, {}, {}
     problems = []
-    for j in tqdm(jobs, desc=f"reading shards ({variant})", disable=not progress):
-        p = str(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant))
+    for e in tqdm(inputs.shards, desc=f"reading shards ({variant})", disable=not progress):
+        p = e.path
         try:
             t, shard_meta = read_shard(p)
             m = shard_meta.as_dict()
         except ShardError as exc:
             problems.append(str(exc))
             continue
-        expected = plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, variant)
-        if m.get("fingerprint") != expected:
+        if m.get("fingerprint") != e.fingerprint:
             problems.append(f"{p}: stale (written for fingerprint {str(m.get('fingerprint'))[:12]}, "
-                            f"plan expects {expected[:12]})")
+                            f"plan expects {e.fingerprint[:12]})")
             continue
-        metas[p], tables[p], job_of[p] = m, t, j
+        metas[p], tables[p] = m, t
+        job_of[p] = Job(e.model, e.benchmark, config_of(cfg.rules, e.config_id), e.seed)
     if problems:
         raise ShardError(f"{len(problems)} shard(s) missing, corrupt or stale:\n  "
                          + "\n  ".join(problems[:20]) + ("\n  ..." if len(problems) > 20 else ""))
     _check_consistent(metas, "rules_stamp", "rules stamps")
     check_numerics(metas)
-    for b in cfg.benchmarks:
+    for b in benchmarks:
         _check_consistent({p: m for p, m in metas.items() if job_of[p].benchmark == b}, "subset_hash",
                           f"item-subset hashes for {b}")
 
     items_by_bench = {}
-    for b in cfg.benchmarks:
-        df, im = read_items(plan.items_path(b))
+    for b in benchmarks:
+        df, im = read_items(Path(item_files[b]))
         items_by_bench[b] = ({r["item_id"]: r for r in df.to_dict(orient="records")}, im)
 
-    # the plan's job of each shard names its cell (model, benchmark, Config, seed): the shard's
-    # own metadata agrees (its fingerprint was checked against the job's above)
+    # the shard list's entry of each shard names its cell (model, benchmark, Config, seed): the
+    # shard's own metadata agrees (its fingerprint was checked against the entry's above)
     per_seed = defaultdict(dict)   # (model, benchmark, Config) -> seed -> summary
     item_rows = []
     for p, m in metas.items():
@@ -134,21 +145,21 @@ def _aggregate(plan, variant: str, progress: bool):
         items, im = items_by_bench[b]
         if m["subset_hash"] != im.get("subset_hash"):
             raise ShardError(f"{p}: item-subset hash {m['subset_hash'][:12]} differs from the current "
-                             f"items file {plan.items_path(b)} ({str(im.get('subset_hash'))[:12]})")
+                             f"items file {item_files[b]} ({str(im.get('subset_hash'))[:12]})")
         if m.get("items_content_hash") and im.get("content_hash") \
                 and m["items_content_hash"] != im["content_hash"]:
             # same items, other content (an items-code change rewrote their text or choices):
             # the cell read other prompts. Cells do not rerun for rebuilt items by themselves.
             raise ShardError(f"{p}: computed from items content {m['items_content_hash'][:12]}, but "
-                             f"{plan.items_path(b)} now holds {im['content_hash'][:12]} (the items "
+                             f"{item_files[b]} now holds {im['content_hash'][:12]} (the items "
                              f"code changed their content); delete the shards of {b} "
-                             f"({plan.results}/shards*/*/{b}/) and run the workflow again")
+                             f"({cfg.results_dir}/shards*/*/{b}/) and run the workflow again")
         rows = tables[p].to_pylist()
         results, its = [], []
         for r in rows:
             it = items.get(r["item_id"])
             if it is None:
-                raise ShardError(f"{p}: item {r['item_id']} is not in {plan.items_path(b)}")
+                raise ShardError(f"{p}: item {r['item_id']} is not in {item_files[b]}")
             if j.config.scoring == "freeform":
                 res = task.score_freeform(it, r["raw_output"] or "")
                 chosen = None
@@ -198,15 +209,16 @@ def _aggregate(plan, variant: str, progress: bool):
     items_df = pd.DataFrame(item_rows)
     meta = {
         "kind": "cell_scores", "variant": variant, "rules_stamp": rules.stamp, "config_hash": cfg.hash,
-        "code_version": code_version(), **code_stamp(__name__), "scoring_fingerprint": plan.scoring_code,
-        "subset_hashes": {b: items_by_bench[b][1].get("subset_hash") for b in cfg.benchmarks},
+        "code_version": code_version(), **code_stamp(__name__),
+        "scoring_fingerprint": scoring_fingerprint(benchmarks),
+        "subset_hashes": {b: items_by_bench[b][1].get("subset_hash") for b in benchmarks},
         "n_shards": len(metas), "n_cells": len(cells),
         "shard_fingerprints": {p: metas[p]["fingerprint"] for p in sorted(metas)},
     }
     return cells, items_df, meta, metas
 
 
-def provenance_records(plan, metas: dict[str, dict]) -> dict:
+def provenance_records(cfg, items: dict[str, str | Path], metas: dict[str, dict]) -> dict:
     """{model: {benchmark: record}} for the GRID cards, gathered from the shards' metadata."""
     from .provenance import format_code_version
     from .tasks import load_task
@@ -215,11 +227,11 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
     for m in metas.values():
         model, b = m["model"], m["benchmark"]
         rec = out.setdefault(model, {}).setdefault(b, {
-            "model_id": plan.cfg.model(model).get("display_name", model),
+            "model_id": cfg.model(model).get("display_name", model),
             "weights_hash": m["model_info"].get("weights_hash", ""),
             "quantization": m["quantization"], "device": m.get("device") or "",
             "template_hashes": {}, "parser_version": load_task(b).parser_version,
-            "subset_hash": m["subset_hash"], "item_ids_path": str(plan.items_path(b)),
+            "subset_hash": m["subset_hash"], "item_ids_path": str(items[b]),
             "code_versions": set(),
         })
         rec["template_hashes"][m["template"]] = m["template_hash"]
@@ -244,18 +256,19 @@ def provenance_records(plan, metas: dict[str, dict]) -> dict:
     return out
 
 
-def write_aggregate(plan, variant: str, out_dir: str | Path) -> dict:
+def write_aggregate(cfg, inputs: AggregateInputs, out_dir: str | Path) -> dict:
     """Write :func:`aggregate`'s tables to :func:`.plan.aggregate_outputs` of ``out_dir``."""
     from .plan import aggregate_outputs
 
-    cells, items_df, meta, metas = _aggregate(plan, variant, progress=True)
-    paths = aggregate_outputs(out_dir, variant)
+    cells, items_df, meta, metas = _aggregate(cfg, inputs, progress=True)
+    paths = aggregate_outputs(out_dir, inputs.variant)
     write_parquet(cells, paths["cell_scores"], meta)
     write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
-    if variant == "main":
+    if inputs.variant == "main":
         from .io import write_csv
         from .sysutil import atomic_write_text
 
         write_csv(cells, paths["cell_scores_csv"])
-        atomic_write_text(paths["provenance"], json.dumps(provenance_records(plan, metas), indent=2, sort_keys=True))
+        atomic_write_text(paths["provenance"],
+                          json.dumps(provenance_records(cfg, inputs.items, metas), indent=2, sort_keys=True))
     return {k: str(v) for k, v in paths.items()}

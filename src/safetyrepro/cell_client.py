@@ -1,11 +1,14 @@
 """The thin client side of a cell job: hand the cell to the persistent worker of its model.
 
-Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...``; the workflow passes
-everything as arguments: what the cell reads (config, variant, item and few-shot files), the
-worker key and quantization (resolved by the plan), the worker state root and idle timeout.
-So the client imports neither torch, pandas nor the config validator, and its start-up is a
-few tens of milliseconds. (`safetyrepro run-cell --worker` resolves the same values from the
-config and calls :func:`send_cell`.)"""
+Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...``; the cell rule passes
+the cell (its wildcards, the quantization, decode group and fingerprint the plan resolved),
+the files the cell reads as its declared inputs (run config, rules, item subset, few-shot pool,
+prepared-model marker), its output, and the worker settings (key, state root, timeouts). The
+client builds one :class:`.cell_request.CellRequest` from them and sends it to the worker, which
+opens exactly those files. So the client imports neither torch, pandas nor the config
+validator, and its start-up is a few tens of milliseconds. (`safetyrepro run-cell --worker`
+resolves the request with the plan, :meth:`.plan.Plan.cell_request`, and calls
+:func:`send_cell`.)"""
 
 from __future__ import annotations
 
@@ -13,55 +16,69 @@ import json
 import os
 import sys
 
+from .cell_request import CellRequest, parse_decode_group
 
-def send_cell(*, state_dir: str, key: str, idle_timeout: float, config: str, model: str, benchmark: str,
-              cell: str, seed: int, out: str, quantization: str, variant: str, items: str,
-              fewshot: str, fingerprint: str | None = None, timeout: float | None = None,
-              device_wait: float | None = None) -> dict:
+
+def send_cell(request: CellRequest, *, state_dir: str, key: str, idle_timeout: float,
+              timeout: float | None = None, device_wait: float | None = None) -> dict:
+    """Run ``request`` in this node's worker for ``key`` (started with the request's run
+    config, model and quantization if none is running)."""
     from .worker.client import run_in_worker
 
     return run_in_worker(
         state_dir, key,
-        "safetyrepro.cells:load_for_worker",
-        {"config": config, "model": model, "quantization": quantization},
+        "safetyrepro.cells:load_runner",
+        {"config_path": request.config_path, "model": request.model, "quantization": request.quantization},
         "safetyrepro.cells:run_cell_in_worker",
-        {"config": config, "model": model, "benchmark": benchmark, "cell": cell, "seed": seed,
-         "out": out, "quantization": quantization, "variant": variant, "items": items,
-         "fewshot": fewshot, "fingerprint": fingerprint},
+        {"request": request.as_message()},
         idle_timeout=idle_timeout, call_timeout=timeout, device_wait=device_wait,
-        label=f"{model}/{benchmark}/{cell}/s{seed} ({variant}, {quantization})",
+        label=request.id,
     )
 
 
-def run_cell_via_worker(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
-                        variant: str = "main") -> dict:
-    """Resolve the worker and the cell's inputs from the config (validated), then
+def run_cell_via_worker(*, config_path: str, model: str, benchmark: str, config_id: str, seed: int,
+                        out: str, variant: str = "main") -> dict:
+    """Resolve the cell and its worker with the plan of ``config_path`` (validated), then
     :func:`send_cell`."""
     from .config import load_config
     from .plan import Plan
 
-    plan = Plan(load_config(config))
-    quant = plan.quantization(model, variant)
-    return send_cell(state_dir=str(plan.worker_state_dir), key=plan.worker_key(model, quant),
-                     idle_timeout=plan.worker_idle_timeout, config=config, model=model,
-                     benchmark=benchmark, cell=cell, seed=seed, out=out, quantization=quant,
-                     variant=variant, items=str(plan.items_path(benchmark)),
-                     fewshot=str(plan.fewshot_path(benchmark)),
-                     fingerprint=plan.cell_fingerprint(model, benchmark, cell, seed, variant, chat_template=False),
-                     timeout=plan.cell_timeout, device_wait=plan.device_wait)
+    plan = Plan(load_config(config_path))
+    request = plan.cell_request(model, benchmark, config_id, seed, out, variant)
+    return send_cell(request, state_dir=str(plan.worker_state_dir),
+                     key=plan.worker_key(model, request.quantization),
+                     idle_timeout=plan.worker_idle_timeout, timeout=plan.cell_timeout,
+                     device_wait=plan.device_wait)
 
 
-REQUIRED = ("config", "model", "variant", "quantization", "benchmark", "cell", "seed", "items",
-            "fewshot", "state-root", "key", "idle-timeout", "timeout", "device-wait", "fingerprint",
-            "out")
+# the request's fields, then the worker's settings
+CELL = ("config", "config-id", "model", "variant", "quantization", "benchmark", "seed",
+        "decode-group", "rules", "items", "fewshot", "model-marker", "fingerprint", "out")
+WORKER = ("state-root", "key", "idle-timeout", "timeout", "device-wait")
+REQUIRED = CELL + WORKER
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
          + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
-         "--state-root: the folder of the per-node worker state folders (this node's is "
-         "<state-root>/<hostname>); --idle-timeout: worker idle timeout in seconds; "
-         "--timeout: seconds the cell may run (runtime.cell_timeout_s); --device-wait: seconds "
-         "a new worker may wait for the device (runtime.device_wait_s); "
-         "--fingerprint: the cell fingerprint the workflow planned (the worker checks it "
-         "against its loaded code and data).")
+         "--config: the run config YAML; --config-id: the envelope point "
+         "(template-decoding-shots-scoring); --decode-group: the decodings it is decoded with, "
+         "as DECODING:SEEDS,...; --rules, --items, --fewshot, --model-marker: the files the cell "
+         "reads (the rule's declared inputs); --fingerprint: the cell fingerprint the workflow "
+         "planned (the worker checks it against its loaded code and data); --state-root: the "
+         "folder of the per-node worker state folders (this node's is <state-root>/<hostname>); "
+         "--idle-timeout: worker idle timeout in seconds; --timeout: seconds the cell may run "
+         "(runtime.cell_timeout_s); --device-wait: seconds a new worker may wait for the device "
+         "(runtime.device_wait_s).")
+
+
+def request_from_args(opts: dict[str, str]) -> CellRequest:
+    """The :class:`CellRequest` of the parsed arguments (paths made absolute); ValueError for
+    a malformed seed or decode group."""
+    path = os.path.abspath
+    return CellRequest(
+        model=opts["model"], variant=opts["variant"], quantization=opts["quantization"],
+        benchmark=opts["benchmark"], config_id=opts["config-id"], seed=int(opts["seed"]),
+        decode_group=parse_decode_group(opts["decode-group"]), config_path=path(opts["config"]),
+        rules=path(opts["rules"]), items=path(opts["items"]), fewshot=path(opts["fewshot"]),
+        model_marker=path(opts["model-marker"]), out=path(opts["out"]), fingerprint=opts["fingerprint"])
 
 
 def check_shard_file(path: str) -> str | None:
@@ -122,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         opts = parse_args(argv)
-        seed = int(opts["seed"])
+        request = request_from_args(opts)
         idle = float(opts["idle-timeout"])
         timeout, device_wait = float(opts["timeout"]), float(opts["device-wait"])
     except (UsageError, ValueError) as exc:
@@ -132,22 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import SafetyReproError
     from .worker.layout import node_state_dir
 
-    path = os.path.abspath
     try:
-        summary = send_cell(state_dir=str(node_state_dir(path(opts["state-root"]))), key=opts["key"],
-                            idle_timeout=idle, config=path(opts["config"]), model=opts["model"],
-                            benchmark=opts["benchmark"], cell=opts["cell"], seed=seed,
-                            out=path(opts["out"]), quantization=opts["quantization"],
-                            variant=opts["variant"], items=path(opts["items"]),
-                            fewshot=path(opts["fewshot"]), fingerprint=opts["fingerprint"],
-                            timeout=timeout, device_wait=device_wait)
+        summary = send_cell(request, state_dir=str(node_state_dir(os.path.abspath(opts["state-root"]))),
+                            key=opts["key"], idle_timeout=idle, timeout=timeout, device_wait=device_wait)
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    problem = check_shard_file(path(opts["out"]))
+    problem = check_shard_file(request.out)
     if problem is not None:
-        print(f"error: the worker reported shard {path(opts['out'])} written, but {problem}",
-              file=sys.stderr)
+        print(f"error: the worker reported shard {request.out} written, but {problem}", file=sys.stderr)
         return 2
     print(json.dumps(summary))
     return 0

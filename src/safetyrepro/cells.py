@@ -5,19 +5,23 @@ subset, written as one shard (:mod:`.shards`).
         --inference (generate streams / score candidates)--> outputs
         --task.score_*--> rows --shards.write_shard--> shard
 
-The same :func:`run_cell` runs in-process (`safetyrepro run-cell`) or inside the persistent
-model worker, whose state is a :class:`CellWorker`: the loaded model, its prefill store, the
-decode groups still being handed out, and the config and item files it has read. Free-form
-cells of one decode group share their prompts: the worker generates all the group's streams
-in one pass (one prefill, one batch) and keeps the other cells' outputs until their jobs ask.
+:func:`run_cell` takes a resolved :class:`.cell_request.CellRequest` (built once, by the cell
+job's client or :meth:`.plan.Plan.cell_request`) and opens exactly the files it names. It runs
+in-process (`safetyrepro run-cell`) or inside the persistent model worker, whose state is a
+:class:`ModelCellRunner`: the model's backend (:mod:`.inference.backend`), its prefill store,
+the decode groups still being handed out, and the config and item files it has read.
+Free-form cells of one decode group share their prompts: the runner generates all the group's
+streams in one pass (one prefill, one batch) and keeps the other cells' outputs until their
+jobs ask.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from .cell_request import CellRequest
+from .compute_dtype import compute_dtype
 from .config import RunConfig, load_config
 from .errors import CellError, SafetyReproError
 from .grid import Config
@@ -27,20 +31,6 @@ from .requests import FreeformRequests, LogprobRequests, cell_requests
 from .shards import ShardMeta, read_shard, write_shard
 
 PENDING_GROUPS_MAX = 4096  # decode groups with sequences still to hand out (outputs are small text)
-
-
-@dataclass(frozen=True)
-class CellSpec:
-    model: str
-    benchmark: str
-    config_id: str
-    seed: int
-    variant: str
-    quantization: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.model}/{self.benchmark}/{self.config_id}/s{self.seed} ({self.variant}, {self.quantization})"
 
 
 def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
@@ -62,15 +52,21 @@ def group_streams(group, levels) -> tuple[list, list[list[tuple[str, int]]]]:
     return streams, owners
 
 
-class CellWorker:
-    """What a process serving cells keeps between cells: the loaded model (``lm``), its
-    prefill store, the decode groups with outputs still to hand out, and the run configs and
-    item files it has read (keyed by path and modification time, so an edited file is read
-    again)."""
+class ModelCellRunner:
+    """The model's cell runner: what a process serving one model's cells keeps between cells.
+    The model (``lm``, loaded on first use, run by this engine) or another ``backend`` (a
+    :class:`.inference.backend.ModelBackend`, e.g. the fake one), the model's prefill store,
+    the decode groups with outputs still to hand out, and the run configs and item files it
+    has read (keyed by path and modification time, so an edited file is read again).
+    ``loaded_code``: the inference-code hash of the code this process imported when it loaded
+    the model (None: hashed from the disk at each cell)."""
 
-    def __init__(self, lm=None):
+    def __init__(self, lm=None, *, backend=None, loaded_code: str | None = None):
+        if lm is not None and backend is not None:
+            raise ValueError("a runner holds a loaded model or a backend, not both")
         self.lm = lm
-        self.loaded_code: str | None = None  # inference-code hash at load (see load)
+        self._backend = backend
+        self.loaded_code = loaded_code
         self._configs: dict[tuple[str, float], RunConfig] = {}
         self._items: dict[tuple[str, float], tuple[list[dict], dict]] = {}
         # decode group key -> (outputs still to hand out, the group's BatchRecord)
@@ -78,7 +74,7 @@ class CellWorker:
         self._prefills = None
 
     @classmethod
-    def load(cls, config: str, model: str, quantization: str | None = None) -> "CellWorker":
+    def load(cls, config_path: str, model: str, quantization: str | None = None) -> "ModelCellRunner":
         """Load the model once (the worker's loader).
 
         The worker computes every cell job of its model on this node, so it runs
@@ -95,19 +91,26 @@ class CellWorker:
                                 scoring, store)
         from .models import load_model
         from .models.load import compute_threads
-        from .plan import Plan
+        from .plan import inference_code
 
-        worker = cls()
-        cfg = worker.config(config)
         # The inference code this worker runs is the code it imported now: its hash is taken
         # now, not from the disk at the end of a call (which may hold an edit made since).
-        worker.loaded_code = Plan(cfg).inference_code
+        runner = cls(loaded_code=inference_code())
+        cfg = runner.run_config(config_path)
         torch.set_num_threads(compute_threads(cfg))
-        worker.lm = load_model(cfg, model, quantization=quantization)
-        return worker
+        runner.lm = load_model(cfg, model, quantization=quantization)
+        return runner
+
+    def code(self) -> str:
+        """The inference-code hash of the code computing this runner's cells."""
+        if self.loaded_code is not None:
+            return self.loaded_code
+        from .plan import inference_code
+
+        return inference_code()
 
     # ---- files read once per version ------------------------------------------------------
-    def config(self, path: str) -> RunConfig:
+    def run_config(self, path: str) -> RunConfig:
         key = (str(path), Path(path).stat().st_mtime)
         if key not in self._configs:
             self._configs[key] = load_config(path)
@@ -125,17 +128,24 @@ class CellWorker:
         return self._items[key]
 
     # ---- the model and its stores ---------------------------------------------------------
-    def model(self, cfg: RunConfig, spec: CellSpec):
-        """The loaded model, loading it on first use; a worker holding another model or
-        quantization refuses the cell."""
-        if self.lm is None:
-            from .models import load_model
+    def backend(self, cfg: RunConfig, request: CellRequest):
+        """The model's backend, loading the model on first use; a runner holding another
+        model or quantization refuses the cell."""
+        if self._backend is not None:
+            backend = self._backend
+        else:
+            from .inference.backend import EngineBackend
 
-            self.lm = load_model(cfg, spec.model, quantization=spec.quantization)
-        held = (self.lm.info.get("model_key", spec.model), self.lm.info.get("quantization", spec.quantization))
-        if held != (spec.model, spec.quantization):
-            raise CellError(f"cell {spec.id}: this worker holds {held[0]} ({held[1]})")
-        return self.lm
+            if self.lm is None:
+                from .models import load_model
+
+                self.lm = load_model(cfg, request.model, quantization=request.quantization)
+            backend = EngineBackend(self.lm, self.prefills(cfg))
+        info = backend.info
+        held = (info.get("model_key", request.model), info.get("quantization", request.quantization))
+        if held != (request.model, request.quantization):
+            raise CellError(f"cell {request.id}: this worker holds {held[0]} ({held[1]})")
+        return backend
 
     def prefills(self, cfg: RunConfig):
         """The model's :class:`~.inference.store.PrefillStore`: free-form and logprob cells of
@@ -150,34 +160,34 @@ class CellWorker:
             self._prefills = PrefillStore(budget)
         return self._prefills
 
-    def group_generations(self, cfg: RunConfig, spec: CellSpec, decoding: str, req: FreeformRequests,
-                          group, progress: bool, batching) -> list:
+    def group_generations(self, cfg: RunConfig, request: CellRequest, backend, decoding: str,
+                          req: FreeformRequests, progress: bool, batching) -> list:
         """Generations of one (decoding, seed) of a free-form cell's decode group
-        (:meth:`.plan.Plan.decode_group`: the greedy, T=0.3 and T=0.7 decodings of one template
-        and shots, with all their seeds). The whole group is generated in one pass (one
-        prefill, all its sequences decoded in one batch, :func:`.inference.generate_streams`)
-        the first time any of its cells is asked for; the others wait in memory until their
-        jobs come, in whatever order the scheduler sends them. A (decoding, seed) is handed out
-        once; asking again (a rerun) generates the group afresh, with the same result, since
-        each sequence drives its own generator and the batch is the same. What the engine
-        recorded about the group's batches (plans, out-of-memory splits; kept with the pending
-        outputs) is added to ``batching`` (a :class:`.inference.batching.BatchRecord`) of every
-        cell the group serves."""
-        from .inference.backend import EngineBackend
+        (``request.decode_group``: the greedy, T=0.3 and T=0.7 decodings of one template and
+        shots, with all their seeds). The whole group is generated in one pass (one prefill,
+        all its sequences decoded in one batch, :func:`.inference.generate_streams`) the first
+        time any of its cells is asked for; the others wait in memory until their jobs come,
+        in whatever order the scheduler sends them. A (decoding, seed) is handed out once;
+        asking again (a rerun) generates the group afresh, with the same result, since each
+        sequence drives its own generator and the batch is the same. What the engine recorded
+        about the group's batches (plans, out-of-memory splits; kept with the pending outputs)
+        is added to ``batching`` (a :class:`.inference.batching.BatchRecord`) of every cell the
+        group serves."""
         from .inference.batching import BatchRecord
         from .inference.generate import copy_generations
 
+        group = request.decode_group
         # the prompts identify the template, shots and items; the rest the generation settings
         # and the levels of every decoding of the group (temperature, top_p, ...) and the rules stamp
         levels = {d: cfg.rules.level("decoding", d) for d, _ in group}
-        key = (spec.model, spec.quantization, spec.benchmark, canonical_hash(req.prompts),
+        key = (request.model, request.quantization, request.benchmark, canonical_hash(req.prompts),
                req.max_new_tokens, req.batch_size, tuple(group),
                canonical_hash({d: levels[d] for d, _ in group}), cfg.rules.stamp)
         pending, record = self._pending.get(key, (None, None))
-        if pending is None or (decoding, spec.seed) not in pending:
+        if pending is None or (decoding, request.seed) not in pending:
             streams, owners = group_streams(group, levels)
             record = BatchRecord()
-            outs = EngineBackend(self.lm, self.prefills(cfg)).generate_streams(
+            outs = backend.generate_streams(
                 req.prompts, streams, max_new_tokens=req.max_new_tokens, batch_size=req.batch_size,
                 progress=progress, record=record)
             pending = {}
@@ -187,7 +197,7 @@ class CellWorker:
             self._pending[key] = (pending, record)
             while len(self._pending) > PENDING_GROUPS_MAX:  # oldest first
                 self._pending.pop(next(iter(self._pending)))
-        gens = pending.pop((decoding, spec.seed))
+        gens = pending.pop((decoding, request.seed))
         if not pending:
             del self._pending[key]
         batching.splits.extend(record.splits)
@@ -196,8 +206,8 @@ class CellWorker:
 
 
 # ---- the worker entry points (see cell_client) ----------------------------------------------
-def load_for_worker(config: str, model: str, quantization: str | None = None) -> CellWorker:
-    return CellWorker.load(config, model, quantization)
+def load_runner(config_path: str, model: str, quantization: str | None = None) -> ModelCellRunner:
+    return ModelCellRunner.load(config_path, model, quantization)
 
 
 class StaleWorkerError(CellError):
@@ -210,124 +220,134 @@ class StaleWorkerError(CellError):
     worker_stale = True
 
 
-def run_cell_in_worker(worker: CellWorker, **kwargs) -> dict:
-    return run_cell(worker=worker, **kwargs)
+def run_cell_in_worker(runner: ModelCellRunner, request: dict) -> dict:
+    """The worker's call target: ``request`` is a :meth:`.CellRequest.as_message`."""
+    try:
+        parsed = CellRequest.from_message(request)
+    except ValueError as exc:
+        raise CellError(str(exc)) from exc
+    return run_cell(parsed, runner)
 
 
 # ---- the cell -------------------------------------------------------------------------------
-def resolve_cell(cfg: RunConfig, plan, model: str, benchmark: str, cell: str, seed: int, variant: str,
-                 quantization: str | None) -> tuple[CellSpec, Config]:
-    """The cell's spec and its config (the plan's :class:`Config` of the id ``cell``), checked
-    against the plan and the rules."""
-    from .plan import SHARD_ROOTS
+def resolve_cell(cfg: RunConfig, request: CellRequest) -> Config:
+    """The request's :class:`Config` (its id looked up in the rules), checked against the run
+    config, the rules and its decode group."""
+    from .grid import config_of
+    from .plan import SHARD_ROOTS, variant_quantization
 
-    name = f"{model}/{benchmark}/{cell}/s{seed}"
-    if variant not in SHARD_ROOTS:
-        raise CellError(f"cell {name}: unknown variant {variant!r} (expected one of {sorted(SHARD_ROOTS)})")
-    quant = plan.quantization(model, variant)
-    if quantization is not None and quantization != quant:
-        raise CellError(f"cell {name}: quantization {quantization!r} given, but {cfg.path} runs "
-                        f"variant {variant!r} of {model} as {quant!r}")
-    spec = CellSpec(model, benchmark, cell, int(seed), variant, quant)
+    if request.variant not in SHARD_ROOTS:
+        raise CellError(f"cell {request.id}: unknown variant {request.variant!r} "
+                        f"(expected one of {sorted(SHARD_ROOTS)})")
+    if Path(cfg.rules.path).resolve() != Path(request.rules).resolve():
+        raise CellError(f"cell {request.id}: the job declares the rules file {request.rules}, but "
+                        f"{cfg.path} reads {cfg.rules.path}")
+    quant = variant_quantization(cfg, request.model, request.variant)
+    if request.quantization != quant:
+        raise CellError(f"cell {request.id}: quantization {request.quantization!r} given, but {cfg.path} "
+                        f"runs variant {request.variant!r} of {request.model} as {quant!r}")
     try:
-        c = plan.config(cell)
+        c = config_of(cfg.rules, request.config_id)
     except ValueError as exc:
-        raise CellError(f"cell {spec.id}: {exc}") from exc
-    violations = cfg.rules.violations(benchmark, c.levels())
+        raise CellError(f"cell {request.id}: {exc}") from exc
+    violations = cfg.rules.violations(request.benchmark, c.levels())
     if violations:
-        raise CellError(f"cell {spec.id} is not valid under the rules ({', '.join(violations)})")
-    if int(seed) >= cfg.n_seeds(c.decoding):
-        raise CellError(f"cell {spec.id}: seed {seed} out of range (decoding {c.decoding} runs "
-                        f"{cfg.n_seeds(c.decoding)} seed(s))")
-    return spec, c
+        raise CellError(f"cell {request.id} is not valid under the rules ({', '.join(violations)})")
+    n_seeds = dict(request.decode_group).get(c.decoding)
+    if n_seeds is None:
+        raise CellError(f"cell {request.id}: its decode group {list(request.decode_group)} lacks "
+                        f"its decoding {c.decoding}")
+    if request.seed >= n_seeds:
+        raise CellError(f"cell {request.id}: seed {request.seed} out of range (decoding {c.decoding} "
+                        f"runs {n_seeds} seed(s))")
+    return c
 
 
-def run_cell(*, config: str, model: str, benchmark: str, cell: str, seed: int, out: str,
-             variant: str = "main", items: str | None = None, fewshot: str | None = None,
-             quantization: str | None = None, worker: CellWorker | None = None,
-             progress: bool = True, fingerprint: str | None = None) -> dict:
-    """Run one cell of ``variant`` and write its shard atomically to ``out``. ``items`` /
-    ``fewshot``: the item subset and few-shot pool files (default: the plan's);
-    ``quantization``, when given, must be the one the plan gives the variant; ``worker``: the
-    state kept between cells (default: a fresh one, which loads the model); ``fingerprint``,
-    when given (the workflow's cell fingerprint, planned without the chat-template hash), must
-    be the one computed here from the loaded code and data, else :class:`StaleWorkerError`.
-    Returns a small summary."""
-    from .plan import Plan
+def run_cell(request: CellRequest, runner: ModelCellRunner | None = None, *, progress: bool = True) -> dict:
+    """Run the resolved cell ``request`` and write its shard atomically to ``request.out``.
+    Opens only the files the request names (run config, rules, items, few-shot pool, model
+    marker). ``runner``: the state kept between cells (default: a fresh one, which loads the
+    model). When ``request.fingerprint`` is given (the workflow's, planned without the
+    chat-template hash) it must be the one computed here from the loaded code, weights, task
+    files and settings, else :class:`StaleWorkerError`. Returns a small summary."""
+    from .plan import cell_fingerprint, cell_fingerprint_fields, loaded_weights_identity, marker_chat_template_hash
     from .tasks import load_task
 
-    worker = worker if worker is not None else CellWorker()
-    cfg = worker.config(config)
-    plan = Plan(cfg)
-    if worker.loaded_code is not None:
-        plan.__dict__["inference_code"] = worker.loaded_code  # the cached_property, as loaded
-    if worker.lm is not None:
-        plan.use_loaded_weights(model, worker.lm.info)  # the weights it holds, not the folder's now
-    spec, c = resolve_cell(cfg, plan, model, benchmark, cell, seed, variant, quantization)
-    if fingerprint is not None:
-        planned = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant, chat_template=False)
-        if fingerprint != planned:
+    runner = runner if runner is not None else ModelCellRunner()
+    cfg = runner.run_config(request.config_path)
+    c = resolve_cell(cfg, request)
+    task = load_task(request.benchmark)
+    backend = runner.backend(cfg, request)
+    info = backend.info
+    fields = cell_fingerprint_fields(
+        cfg, request.model, request.quantization, request.benchmark, c, request.seed, request.decode_group,
+        template_hash=task.template_hash(c.template), weights=loaded_weights_identity(cfg, request.model, info),
+        code=runner.code(),
+        compute=info.get("compute_dtype") or compute_dtype(cfg.section("runtime")["cpu_compute_dtype"],
+                                                           info.get("device", "cpu"), request.quantization))
+    if request.fingerprint is not None:
+        planned = cell_fingerprint(fields)
+        if request.fingerprint != planned:
             raise StaleWorkerError(
-                f"cell {spec.id}: the job's fingerprint {fingerprint[:12]} differs from "
-                f"{planned[:12]}, computed from the code, config ({config}), rules, task files and "
-                "model weights this process has loaded (one of them changed since it loaded them, or "
-                "since the workflow planned the job); nothing was computed")
-    item_rows, items_meta = worker.items(Path(items) if items else plan.items_path(benchmark))
-    pool, pool_meta = worker.items(Path(fewshot) if fewshot else plan.fewshot_path(benchmark))
-    task = load_task(benchmark)
-    lm = worker.model(cfg, spec)
-    plan.use_loaded_weights(model, lm.info)  # the shard's fingerprint names the weights it used
-    prepared = plan.chat_template_hash(model)
-    if prepared is not None and prepared != lm.info.get("chat_template_hash"):
-        raise CellError(f"cell {spec.id}: the model's chat template (hash "
-                        f"{lm.info.get('chat_template_hash')}) is not the one its prepare step recorded "
-                        f"in {plan.model_marker(model)} ({prepared}); prepare the model again")
-    group = plan.decode_group(benchmark, cell, variant)
-    cell_fp = plan.cell_fingerprint(model, benchmark, cell, int(seed), variant)
+                f"cell {request.id}: the job's fingerprint {request.fingerprint[:12]} differs from "
+                f"{planned[:12]}, computed from the code, config ({request.config_path}), rules, task "
+                f"files, model weights and compute dtype ({fields['compute_dtype']}) this process has "
+                "loaded (one of them changed since it loaded them, or since the workflow planned the job; "
+                "with runtime.cpu_compute_dtype: auto, a node whose CPU resolves it otherwise than the "
+                "planning host: set it explicitly); nothing was computed")
+    item_rows, items_meta = runner.items(Path(request.items))
+    pool, pool_meta = runner.items(Path(request.fewshot))
+    prepared = marker_chat_template_hash(request.model_marker, request.model)
+    if prepared is not None and prepared != info.get("chat_template_hash"):
+        raise CellError(f"cell {request.id}: the model's chat template (hash "
+                        f"{info.get('chat_template_hash')}) is not the one its prepare step recorded "
+                        f"in {request.model_marker} ({prepared}); prepare the model again")
+    cell_fp = cell_fingerprint(fields, prepared)
 
     from .inference.batching import BatchRecord
 
     t0 = time.perf_counter()
     batching = BatchRecord()  # the engine's batch plans and out-of-memory splits for this cell
     try:
-        req = cell_requests(cfg, lm.tokenizer, task, c, item_rows, pool)
+        req = cell_requests(cfg, backend.tokenizer, task, c, item_rows, pool)
         if isinstance(req, FreeformRequests):
             from .inference.generate import NonFiniteLogits
 
             try:
-                gens = worker.group_generations(cfg, spec, c.decoding, req, group, progress, batching)
+                gens = runner.group_generations(cfg, request, backend, c.decoding, req, progress, batching)
             except NonFiniteLogits as exc:
                 item = next((it["item_id"] for it, p in zip(item_rows, req.prompts) if p == exc.prompt), "?")
                 raise CellError(f"item {item}: {exc}") from exc
             rows = freeform_rows(task, item_rows, req, gens)
         else:
-            rows = logprob_rows(lm, task, item_rows, req, worker.prefills(cfg), progress, batching)
+            rows = logprob_rows(backend, task, item_rows, req, progress, batching)
     except SafetyReproError as exc:
-        raise CellError(f"cell {spec.id}: {exc}") from exc
+        raise CellError(f"cell {request.id}: {exc}") from exc
     except Exception as exc:  # OOM and friends: name the cell
         if "out of memory" in str(exc).lower():
-            raise CellError(f"cell {spec.id}: out of memory ({exc}); lower generation.batch_size") from exc
+            raise CellError(f"cell {request.id}: out of memory ({exc}); lower generation.batch_size") from exc
         raise
     wall = time.perf_counter() - t0
 
     dec = cfg.rules.level("decoding", c.decoding)
     exemplars = pool[: cfg.rules.level("shots", c.shots)["n"]]
     meta = ShardMeta(
-        cell=cell, model=model, benchmark=benchmark, seed=int(seed), variant=variant,
-        template=c.template, decoding=c.decoding, shots=c.shots, scoring=c.scoring,
+        cell=request.config_id, model=request.model, benchmark=request.benchmark, seed=request.seed,
+        variant=request.variant, template=c.template, decoding=c.decoding, shots=c.shots, scoring=c.scoring,
         temperature=dec["temperature"], top_p=dec.get("top_p", 1.0),
         max_new_tokens=req.max_new_tokens if isinstance(req, FreeformRequests) else None,
-        decode_group=[list(g) for g in group],
+        decode_group=[list(g) for g in request.decode_group],
         template_hash=task.template_hash(c.template),
-        chat_template_hash=lm.info.get("chat_template_hash"), rules_stamp=cfg.rules.stamp, config_hash=cfg.hash,
+        chat_template_hash=info.get("chat_template_hash"), rules_stamp=cfg.rules.stamp, config_hash=cfg.hash,
         subset_hash=items_meta.get("subset_hash"), items_content_hash=items_meta.get("content_hash"),
         fewshot_ids=[x["item_id"] for x in exemplars],
         fewshot_hash=pool_meta.get("subset_hash"),
         fingerprint=cell_fp,
-        parser_version=task.parser_version, model_info=dict(lm.info),
-        quantization=lm.info.get("quantization", spec.quantization), device=lm.info.get("device"),
+        parser_version=task.parser_version, model_info=dict(info),
+        quantization=info.get("quantization", request.quantization), device=info.get("device"),
         batching=batching.as_dict(), code_version=code_version(), n_items=len(rows), wall_s=wall,
     )
+    out = request.out
     write_shard(out, rows, meta)
     _, back = read_shard(out)   # it reads back, whole, before the job reports success
     if back.fingerprint != cell_fp:
@@ -352,16 +372,14 @@ def freeform_rows(task, items: list[dict], req: FreeformRequests, gens: list) ->
     return rows
 
 
-def logprob_rows(lm, task, items: list[dict], req: LogprobRequests, store, progress: bool,
+def logprob_rows(backend, task, items: list[dict], req: LogprobRequests, progress: bool,
                  batching) -> list[dict]:
-    """Rows of a logprob cell; ``batching``: a :class:`.inference.batching.BatchRecord` that
-    receives the engine's batch plans and out-of-memory splits."""
-    from .inference.backend import EngineBackend
-
+    """Rows of a logprob cell scored by ``backend``; ``batching``: a
+    :class:`.inference.batching.BatchRecord` that receives the engine's batch plans and
+    out-of-memory splits."""
     t0 = time.perf_counter()
-    scores = EngineBackend(lm, store).score_candidates(req.contexts, req.candidates,
-                                                       batch_size=req.batch_size, progress=progress,
-                                                       record=batching)
+    scores = backend.score_candidates(req.contexts, req.candidates, batch_size=req.batch_size,
+                                      progress=progress, record=batching)
     per_item = (time.perf_counter() - t0) / max(len(items), 1)
     rows = []
     for it, ctx, sc in zip(items, req.contexts, scores):
@@ -372,7 +390,7 @@ def logprob_rows(lm, task, items: list[dict], req: LogprobRequests, store, progr
             "item_id": it["item_id"], "prompt_hash": text_hash(ctx), "prompt": ctx, "raw_output": None,
             "parsed_label": r.parsed_label, "parse_ok": True, "correct": bool(r.correct),
             "cand_logliks": lls, "cand_ntokens": nt, "chosen_index": r.chosen_index,
-            "n_prompt_tokens": len(lm.tokenizer(ctx)["input_ids"]), "n_gen_tokens": 0,
+            "n_prompt_tokens": backend.count_tokens(ctx), "n_gen_tokens": 0,
             "finish_reason": None, "latency_s": per_item,
         })
     return rows

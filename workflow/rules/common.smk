@@ -56,6 +56,7 @@ def rel(path):
 
 RESULTS = rel(PLAN.results)
 CONFIG = rel(CONFIG_PATH)
+RULES = rel(RUN.rules.path)  # the envelope rules file the config names
 # Each rule's `conda:` names the software it runs (envs/safetyrepro.yaml) for the linter; jobs
 # run in this interpreter's environment, so a conda deployment would install an unused copy.
 ENV = "../../envs/safetyrepro.yaml"
@@ -80,7 +81,7 @@ shell.prefix(
 wildcard_constraints:
     model="|".join(re.escape(m) for m in RUN.models),
     benchmark="|".join(RUN.benchmarks),
-    config=r"T[0-9A-Za-z.]+-[0-9A-Za-z.]+-k[0-9]+-(freeform|logprob)",
+    config_id=r"T[0-9A-Za-z.]+-[0-9A-Za-z.]+-k[0-9]+-(freeform|logprob)",
     seed=r"[0-9]+",
 
 
@@ -101,6 +102,25 @@ def aggregate_outputs(variant):
     return {
         k: rel(v) for k, v in plan_module.aggregate_outputs(TABLES, variant).items()
     }
+
+
+def write_aggregate_inputs(path, variant, declared, log_path):
+    """Write what the aggregation job of `variant` reads (safetyrepro.aggregate_inputs.write_inputs:
+    each shard with the fingerprint the plan expects, and the item files), after checking that
+    it names exactly the files `declared` (the rule's input)."""
+    from safetyrepro.aggregate_inputs import write_inputs
+
+    inputs = PLAN.aggregate_inputs(variant)
+    listed = [e.path for e in inputs.shards] + list(inputs.items.values())
+    given = list(declared.shards) + list(declared.item_files)
+    if sorted(map(os.path.abspath, listed)) != sorted(map(os.path.abspath, given)):
+        raise SafetyReproError(
+            f"the aggregation inputs of {variant} differ from the rule's declared inputs"
+        )
+    write_inputs(path, inputs)
+    Path(log_path).write_text(
+        f"{len(inputs.shards)} shard(s), {len(inputs.items)} item file(s) -> {path}\n"
+    )
 
 
 # The analysis steps' outputs, as the package names them (safetyrepro.analysis.outputs):

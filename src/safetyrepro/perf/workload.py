@@ -77,7 +77,7 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     """The decode group of the run's ``(benchmark, template, shots)`` on the loaded ``lm``,
     from the run's own item subset and few-shot pool (``results/items``; run the ``items``
     step of the workflow first)."""
-    from ..cells import CellWorker, group_streams
+    from ..cells import ModelCellRunner, group_streams
     from ..plan import Plan
     from ..requests import cell_requests
     from ..tasks import load_task
@@ -86,7 +86,7 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     if not plan.items_path(benchmark).exists():
         raise FileNotFoundError(f"{plan.items_path(benchmark)} is missing: run `safetyrepro items` "
                                 f"(or the workflow) first")
-    files = CellWorker()
+    files = ModelCellRunner()
     items, _ = files.items(plan.items_path(benchmark))
     pool, _ = files.items(plan.fewshot_path(benchmark))
     config = Config(template, "greedy", shots, "freeform")
@@ -102,7 +102,7 @@ def group_cases(config_path: str, cases: list[str]):
     """For each ``"MODEL:BENCHMARK:TEMPLATE:SHOTS"`` in ``cases``: ``(case fields, lm,
     GroupCase)``, the model loaded as the worker loads it, one model in memory at a time
     (consecutive cases of one model share it)."""
-    from ..cells import CellWorker
+    from ..cells import ModelCellRunner
     from ..config import load_config
 
     cfg = load_config(config_path)
@@ -111,7 +111,7 @@ def group_cases(config_path: str, cases: list[str]):
         model, bench, template, shots = case.split(":")
         if model not in models:
             models.clear()
-            models[model] = CellWorker.load(config_path, model).lm
+            models[model] = ModelCellRunner.load(config_path, model).lm
         lm = models[model]
         yield (model, bench, template, shots), lm, group_case(cfg, lm, bench, template, shots)
 

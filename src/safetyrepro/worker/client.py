@@ -4,9 +4,10 @@ starting that worker if none is running.
 Importing this module must stay cheap (every Snakemake cell job is a fresh Python process):
 standard library and ``safetyrepro.errors`` only, no torch/numpy.
 
-    result = run_in_worker(state_dir, "qwen2.5-0.5b.nf4.3f2a", "safetyrepro.models:load_model",
-                           {"model_key": ..., "config": ...}, "safetyrepro.cells:run_cell",
-                           {"cell": ...}, label="cell qwen2.5-0.5b/bbq/T1-greedy-k0-freeform")
+    result = run_in_worker(state_dir, "qwen2.5-0.5b.nf4.3f2a", "safetyrepro.cells:load_runner",
+                           {"config_path": ..., "model": ..., "quantization": ...},
+                           "safetyrepro.cells:run_cell_in_worker", {"request": {...}},
+                           label="qwen2.5-0.5b/bbq/T1-greedy-k0-freeform/s0 (main, nf4)")
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def _describe_holder(path) -> str:
 # naming another ``module:function`` is refused. Tests add their own target modules through
 # TEST_TARGETS_ENV (a comma-separated list of module names), set only in the environment of
 # the workers they start.
-ALLOWED_LOADERS = frozenset({"safetyrepro.cells:load_for_worker"})
+ALLOWED_LOADERS = frozenset({"safetyrepro.cells:load_runner"})
 ALLOWED_TARGETS = frozenset({"safetyrepro.cells:run_cell_in_worker"})
 TEST_TARGETS_ENV = "SAFETYREPRO_WORKER_TEST_TARGETS"
 
