@@ -24,7 +24,7 @@ from safetyrepro.worker.state import (MAX_SOCKET_PATH, WorkerPaths, code_stamp,
                                       default_state_dir, lock_is_held, pid_alive, read_pid_file,
                                       spec_hash)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
 # The test switch: workers started by these tests may also run worker_targets' functions.
 ENV = dict(os.environ, PYTHONPATH=PYTHONPATH, SAFETYREPRO_WORKER_TEST_TARGETS="worker_targets")

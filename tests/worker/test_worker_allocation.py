@@ -20,7 +20,7 @@ from safetyrepro.worker.state import (OWNER_ENV, WorkerPaths, allocation_owner, 
                                       is_worker_process, node_state_dir, read_pid_file)
 import safetyrepro.worker.state as state
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
 
 

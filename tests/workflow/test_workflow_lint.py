@@ -6,7 +6,7 @@ from pathlib import Path
 
 from config_support import config_copy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
