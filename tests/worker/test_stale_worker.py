@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from workflow_support import cli, make_project_copy, snakemake
 
 from safetyrepro.io import read_parquet
 from safetyrepro.rules import load_rules
 from safetyrepro.worker.events import read_events
 from safetyrepro.worker.state import default_state_dir, pid_alive
+
+pytestmark = pytest.mark.slow
 
 
 def _live_worker(project, config, results, cell):
