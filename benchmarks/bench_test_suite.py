@@ -5,9 +5,9 @@ is checked out into a temporary work tree (``git worktree``, with ``../shared`` 
 it as in a fresh clone) and its tests run file by file with ``pytest -m "not slurm"`` (the
 README's ``make test`` selection), alternating baseline / candidate on every test file that
 both revisions have (paired by file name, whatever its folder under tests/), so that background
-load hits both sides; the files only one side has run
-after that. Both sides use the same interpreter (``--python``, default this project's
-``.venv``) with the work tree's ``src`` first on ``PYTHONPATH``.
+load hits both sides; the files only one side has run after that. Both sides use the same
+interpreter (``--python``, default this project's ``.venv``) with the work tree's ``src`` first
+on ``PYTHONPATH``.
 
 The record (``benchmarks/results/test_suite.json``): per file the wall seconds, pytest's own
 test count and outcome per side; the totals of the common files and their ratio; the files
