@@ -46,8 +46,8 @@ dryrun: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slurm"
 
-# The edit loop's tier: every test not marked slow (no real model runs, no whole workflows) and
-# not slurm. It proves less than `make test`, which stays the complete suite (README, CI).
+# The edit loop's tier: every test not marked slow (real models, whole workflows, full dry runs,
+# Monte-Carlo sizes, fuzzing) and not slurm. It proves less than `make test`, the complete suite.
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slow and not slurm"
 
