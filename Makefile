@@ -15,7 +15,7 @@ TORCH_SPEC       ?= torch==2.13.0
 TORCH_CUDA_SPEC  ?= torch
 TORCH_CUDA_INDEX ?= https://download.pytorch.org/whl/cu128
 
-.PHONY: install run test test-kernels test-kernels-quick test-slurm dryrun lint lock clean-results
+.PHONY: install run test test-fast test-kernels test-kernels-quick test-slurm dryrun lint lock clean-results
 
 install: $(STAMP)
 
@@ -42,9 +42,14 @@ run: $(STAMP)
 dryrun: $(STAMP)
 	$(VENV)/bin/snakemake -n --cores $(CORES) --resources gpu=1 --configfile $(CONFIG) --profile profiles/default
 
-# Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's second step).
+# Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's last step).
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not slurm"
+
+# The edit loop's tier: every test not marked slow (real models, whole workflows, full dry runs,
+# Monte-Carlo sizes, fuzzing) and not slurm. It proves less than `make test`, the complete suite.
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not slow and not slurm"
 
 # The numerical tests (marked numerics; tests/numerics.py states their rule) again with other CPU
 # kernels, so one machine catches what another CPU family would fail: ATen's generic kernels with

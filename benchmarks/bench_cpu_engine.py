@@ -16,7 +16,7 @@ many outputs are identical (free-form: the texts of every seed; logprob: the cho
 The two compute the same model up to summation order, except that on CPUs with AVX512-BF16
 bitsandbytes' kernel rounds each block's scale to bf16 (its generic path and the engine do
 not), so NF4 outputs may differ slightly; in fp32 the engine's tokens equal the baseline's
-(tests/test_cpu_engine.py). Writes benchmarks/results/cpu_engine.json. Run: benchmarks/README.md.
+(tests/inference/test_cpu_engine.py). Writes benchmarks/results/cpu_engine.json. Run: benchmarks/README.md.
 """
 
 from __future__ import annotations

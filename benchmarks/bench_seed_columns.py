@@ -11,7 +11,7 @@ seeds share the prompt's keys/values during decoding:
 Runs the default config's real sampled cells through ``run_cell`` (same prompts, same model
 as the workflow; quantization as configured), alternating the two variants, and reports the
 median ratio and how many of the 60 (item, seed) outputs are identical. In fp32 the two are
-identical (tests/test_inference.py); with NF4/bf16 compute the different summation order can
+identical (tests/inference/test_inference.py); with NF4/bf16 compute the different summation order can
 flip a sampled token, so identity is reported, not assumed. Writes
 benchmarks/results/seed_columns.json. Run: see benchmarks/README.md.
 """

@@ -4,9 +4,10 @@ Question: does the suite at ``--candidate`` run slower than at ``--baseline``? E
 is checked out into a temporary work tree (``git worktree``, with ``../shared`` linked beside
 it as in a fresh clone) and its tests run file by file with ``pytest -m "not slurm"`` (the
 README's ``make test`` selection), alternating baseline / candidate on every test file that
-both revisions have, so that background load hits both sides; the files only one side has run
-after that. Both sides use the same interpreter (``--python``, default this project's
-``.venv``) with the work tree's ``src`` first on ``PYTHONPATH``.
+both revisions have (paired by file name, whatever its folder under tests/), so that background
+load hits both sides; the files only one side has run after that. Both sides use the same
+interpreter (``--python``, default this project's ``.venv``) with the work tree's ``src`` first
+on ``PYTHONPATH``.
 
 The record (``benchmarks/results/test_suite.json``): per file the wall seconds, pytest's own
 test count and outcome per side; the totals of the common files and their ratio; the files
@@ -46,17 +47,19 @@ def worktree(rev: str, base: Path) -> tuple[Path, str]:
     return tree, sha
 
 
-def test_files(tree: Path) -> list[str]:
-    return sorted(p.name for p in (tree / "tests").glob("test_*.py"))
+def test_files(tree: Path) -> dict[str, str]:
+    """File name -> path under the tree. Test file names are unique across tests/ and its
+    folders, so a file keeps its name when it moves between folders and both sides pair up."""
+    return {p.name: p.relative_to(tree).as_posix() for p in sorted((tree / "tests").rglob("test_*.py"))}
 
 
-def run_file(python: str, tree: Path, name: str, timeout: float) -> dict:
+def run_file(python: str, tree: Path, path: str, timeout: float) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     env.pop("PYTEST_ADDOPTS", None)
     t0 = time.perf_counter()
     try:
         r = subprocess.run([python, "-m", "pytest", "-q", "-m", "not slurm", "-p", "no:cacheprovider",
-                            f"tests/{name}"], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+                            path], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
         out, rc = r.stdout + r.stderr, r.returncode
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -75,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", required=True, help="git revision to compare against")
     ap.add_argument("--candidate", default="HEAD")
     ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
-    ap.add_argument("--files", nargs="*", help="only these test files (names under tests/)")
+    ap.add_argument("--files", nargs="*", help="only these test files (file names, in any folder of tests/)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per test file")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "test_suite.json"))
     args = ap.parse_args(argv)
@@ -101,12 +104,12 @@ def main(argv=None) -> int:
         for i, (f, order) in enumerate(plan, 1):
             row = {"file": f}
             for side in order:
-                row[side] = run_file(args.python, trees[side], f, args.timeout)
+                row[side] = run_file(args.python, trees[side], files[side][f], args.timeout)
             rows.append(row)
             b, c = row["baseline"], row["candidate"]
             print(f"[{i}/{len(plan)}] {f}: baseline {b['wall_s']:.1f} s ({b['summary']}), "
                   f"candidate {c['wall_s']:.1f} s ({c['summary']})", flush=True)
-        alone = {s: [{"file": f, **run_file(args.python, trees[s], f, args.timeout)} for f in only[s]]
+        alone = {s: [{"file": f, **run_file(args.python, trees[s], files[s][f], args.timeout)} for f in only[s]]
                  for s in trees}
         tb = sum(r["baseline"]["wall_s"] for r in rows)
         tc = sum(r["candidate"]["wall_s"] for r in rows)

@@ -1,4 +1,4 @@
-"""Shared helpers for the tests/test_items*.py files (real data in ../shared)."""
+"""Shared helpers for the tests/items/ files (real data in ../shared)."""
 
 from __future__ import annotations
 

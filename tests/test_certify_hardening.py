@@ -127,6 +127,7 @@ def _csv_line(cells):
     return ",".join(cells)
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=600, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(header=HEADER, rows=st.lists(st.lists(CELL, max_size=7), max_size=8),
        config_cols=st.one_of(st.none(), st.lists(st.sampled_from(["template", "config", "x", "score", ""]),
@@ -144,6 +145,7 @@ def test_fuzzed_csv_tables_end_in_a_data_error_or_a_result(tmp_path, header, row
     assert time.perf_counter() - t0 < 10   # bounded (generous: the test machine is shared)
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=400, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(0, 6), data=st.data())
 def test_fuzzed_parquet_tables_end_in_a_data_error_or_a_result(tmp_path, n, data):
@@ -168,6 +170,7 @@ def test_fuzzed_parquet_tables_end_in_a_data_error_or_a_result(tmp_path, n, data
         assert str(p) in str(exc)
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=600, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from(["x", "y"]), st.sampled_from(["c1", "c2"]),
                                st.sampled_from(["i1", "i2", "i3"]),
@@ -186,6 +189,7 @@ def test_fuzzed_well_formed_tables_end_in_a_data_error_or_a_result(tmp_path, row
         assert str(p) in str(exc)
 
 
+@pytest.mark.slow
 def test_fuzzed_bytes_end_in_a_data_error(tmp_path):
     """Random bytes under a .csv and a .parquet name (1,000 of each): a DataError or a result."""
     import random

@@ -1,6 +1,6 @@
 """Code fingerprints (provenance.code_fingerprint): which source files compute an output,
 the stamp every table records, and the STALE marking of a table written by other code. The
-real Snakemake reruns are in tests/test_workflow_code_fingerprints.py."""
+real Snakemake reruns are in tests/workflow/test_workflow_code_fingerprints.py."""
 
 from __future__ import annotations
 

@@ -125,6 +125,7 @@ VALUE = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2
                   st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=800, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(changes=st.lists(st.tuples(st.sampled_from(NUMERIC), VALUE), min_size=1, max_size=4))
 def test_fuzzed_settings_load_or_are_refused(tmp_path, changes):
@@ -144,6 +145,7 @@ def test_fuzzed_settings_load_or_are_refused(tmp_path, changes):
     assert time.perf_counter() - t0 < 10   # bounded (generous: the test machine is shared)
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=500, deadline=10000, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1")),
                       st.sampled_from(["[" * 1000, "a: &x [*x]", "!!python/object:os.system {}", "{1: 2}",

@@ -1,4 +1,4 @@
-"""Tiny real loader and call targets for tests/test_worker.py (imported by worker processes,
+"""Tiny real loader and call targets for tests/worker/test_worker.py (imported by worker processes,
 which get this folder on PYTHONPATH)."""
 
 from __future__ import annotations

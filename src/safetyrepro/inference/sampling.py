@@ -38,7 +38,7 @@ class Stream:
 # microcode assist, and over a vocabulary most shifted logits fall that low. The row sampler
 # clamps them here first: a clamped weight moves from < 1.2e-38 to 1.6e-38 next to the top
 # token's 1, below the resolution of the float64 sums that locate the draw
-# (``tests/test_sampling.py`` checks the draws against the unclamped ones).
+# (``tests/inference/test_sampling.py`` checks the draws against the unclamped ones).
 EXP_FLOOR = -87.0
 
 

@@ -24,7 +24,7 @@ from safetyrepro.parsing.refusal_agreement import (DEVDATA, DEVSET, DevRecord, a
                                                    write_devset, xstest_classifier)
 from safetyrepro.tasks import load_task
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPEC = refusal_spec(load_task("xstest").content["parser"])
 
 

@@ -12,7 +12,7 @@ import yaml
 from config_support import config_copy
 from safetyrepro.analysis import outputs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 

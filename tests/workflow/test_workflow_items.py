@@ -4,9 +4,13 @@ files. Real Snakemake runs on a copy of the project."""
 
 from __future__ import annotations
 
+import pytest
+
 from workflow_support import cli, make_project_copy, planned, snakemake
 
 from safetyrepro.io import read_metadata
+
+pytestmark = pytest.mark.slow
 
 
 def test_items_code_edits_rerun_no_cell_and_a_failed_rebuild_keeps_the_good_files(tmp_path):

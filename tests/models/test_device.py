@@ -37,6 +37,7 @@ def test_require_device(tmp_path):
         assert require_device(load_config(path)) == dev
 
 
+@pytest.mark.slow
 def test_cuda_config_without_gpu_fails_before_any_job(tmp_path):
     if HAS_CUDA:  # the point is the machine without a GPU; with one, the check passes (above)
         return

@@ -15,6 +15,8 @@ from safetyrepro.io import read_metadata
 from safetyrepro.metrics import benchmark_summary, pairwise_table
 from safetyrepro.provenance import code_fingerprint, stale_reason
 
+pytestmark = pytest.mark.slow
+
 STAMP_KEYS = ("rules_stamp", "config_hash", "code_version")
 
 

@@ -3,7 +3,11 @@ folders hold a space and a "$(...)" runs its jobs and executes nothing from a pa
 
 from __future__ import annotations
 
+import pytest
+
 from workflow_support import make_project_copy, snakemake
+
+pytestmark = pytest.mark.slow
 
 
 def test_results_path_with_space_and_command_substitution(tmp_path):

@@ -110,6 +110,7 @@ def _null_grid(rng, n_models: int, n_configs: int, n: int, seeds: int = 1, effec
                     [f"i{i:03d}" for i in range(n)], num / den[:, :, None], num, den)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n,seeds,reps,samples", [(3, 5, 200, None), (12, 1, 200, None), (300, 1, 60, 400)])
 def test_null_tables_keep_the_family_wise_size(n, seeds, reps, samples):
     """48 configs, identical models: at least one significant config (and a crossover) in at most

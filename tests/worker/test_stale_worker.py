@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from workflow_support import cli, make_project_copy, snakemake
 
 from safetyrepro.io import read_parquet
@@ -14,6 +16,8 @@ from safetyrepro.rules import load_rules
 from safetyrepro.worker.events import read_events
 from safetyrepro.procs import pid_alive
 from safetyrepro.worker.layout import default_state_dir
+
+pytestmark = pytest.mark.slow
 
 
 def _live_worker(project, config, results, cell):

@@ -6,9 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from config_support import config_copy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
@@ -27,6 +29,7 @@ def test_snakefmt_clean():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_default_dry_run_plans_every_cell(tmp_path):
     import yaml
 
@@ -64,6 +67,7 @@ def _job_blocks(text):
     return blocks
 
 
+@pytest.mark.slow
 def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
     """docs/SLURM.md and profiles/slurm tell users to `--set-resources cell:...`: the key
     reaches main and bf16 cells of every model, and priorities keep each model's cells
@@ -94,6 +98,7 @@ def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
     assert order == [(m, root) for m in models for root in ("shards", "shards_bf16")]
 
 
+@pytest.mark.slow
 def test_analysis_rules_declare_what_their_step_writes(tmp_path):
     """Each analysis job of a full dry run declares as outputs exactly the files of the step
     its shell command runs (`safetyrepro analyze <step>`), as safetyrepro.analysis.outputs

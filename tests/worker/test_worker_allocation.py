@@ -23,7 +23,7 @@ from safetyrepro.worker.allocation import OWNER_ENV, allocation_owner
 from safetyrepro.worker.layout import WorkerPaths, node_state_dir
 from safetyrepro.worker.pidfiles import is_worker_process, read_pid_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
 
 

@@ -172,6 +172,7 @@ def test_write_scale_probe_stamps_and_errors(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_conservative_core_run_passes_every_analysis_step(tmp_path):
     """What config/scale_probe.yaml runs: 4 models (two families), the conservative core only,
     4 benchmarks (no CrowS-Pairs). Every analysis step of such a run succeeds, and the report

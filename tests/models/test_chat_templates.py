@@ -30,10 +30,10 @@ from safetyrepro.models.chat import (SYSTEM_JOIN, fold_system, format_prompt, fo
 from safetyrepro.models.sources.gguf import read_gguf_metadata
 from safetyrepro.models.sources.wheels import wheel_path
 from safetyrepro.tasks import load_task
-from test_tasks import make_items
+from tasks_support import make_items
 
-ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
 MISTRAL_V3 = Path(mistral_common.__file__).parent / "data" / "mistral_instruct_tokenizer_240323.model.v3"
 QWEN_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 ROLE = "You are a careful assistant who answers truthfully."

@@ -26,7 +26,7 @@ from safetyrepro.worker.locks import lock_is_held
 from safetyrepro.worker.pidfiles import read_pid_file
 from safetyrepro.worker.spec import installed_sources_stamp, spec_hash
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])
 # The test switch: workers started by these tests may also run worker_targets' functions.
 ENV = dict(os.environ, PYTHONPATH=PYTHONPATH, SAFETYREPRO_WORKER_TEST_TARGETS="worker_targets")

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_cli
 
-SUITE = Path(__file__).parent / "data" / "helm" / "runs" / "sr"
+SUITE = Path(__file__).parents[1] / "data" / "helm" / "runs" / "sr"
 PLAIN = SUITE / "simple_mcqa:model=local_smollm2-135m"
 ZERO = SUITE / "simple_mcqa:model=local_smollm2-135m,max_train_instances=0"
 LOWER = SUITE / "simple_mcqa:model=local_smollm2-135m,data_augmentation=lower"
