@@ -181,3 +181,27 @@ def test_forward_select_equals_indexing_the_full_logits(smol_fp32):
     assert float((part[0] - full[0, 2]).abs().max()) > 100 * float(bound.max())
     # the gathering hook is removed afterwards
     assert forward(lm, ids, mask, pos, new_cache(lm)).shape == full.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_non_finite_logits_are_caught_by_the_row_sum_check(dtype, temperature):
+    from safetyrepro.inference.sampling import NonFiniteLogits
+
+    big = torch.finfo(dtype).max
+    base = torch.randn(4, 1000).to(dtype)
+    for bad, name in ((float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")):
+        logits = base.clone()
+        logits[2, 17] = bad
+        with pytest.raises(NonFiniteLogits) as err:
+            _Sampler(temperature, 1.0, 3, PROMPTS[:4])(logits, [0, 1, 2, 3])
+        assert err.value.prompt == PROMPTS[2] and str(err.value.value) == name
+    both = base.clone()
+    both[1, 3], both[1, 4] = float("inf"), float("-inf")      # their sum is NaN: still caught
+    with pytest.raises(NonFiniteLogits):
+        _Sampler(temperature, 1.0, 3, PROMPTS[:4])(both, [0, 1, 2, 3])
+    # finite logits whose row sum overflows are not an error (the exact check clears them)
+    huge = base.clone()
+    huge[0, :8] = big
+    assert not torch.isfinite(huge.sum(dim=-1)).all()
+    assert _Sampler(temperature, 1.0, 3, PROMPTS[:4])(huge, [0, 1, 2, 3]).shape == (4,)

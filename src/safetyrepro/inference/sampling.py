@@ -91,16 +91,24 @@ class _Sampler:
         return torch.stack([torch.rand((), generator=self.gens[r], dtype=torch.float64)
                             for r in active])
 
-    def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
-        """The next token of each row of ``logits`` ([len(active), V], any float dtype); row j
-        belongs to sequence ``active[j]``. NonFiniteLogits if a row holds NaN or Inf (argmax
-        and the inverse CDF would turn it into some token, scored as a parse failure)."""
+    def _check_elementwise(self, logits: torch.Tensor, active: list[int]) -> None:
+        """NonFiniteLogits naming the first row with a NaN or Inf logit, if any."""
         finite = torch.isfinite(logits).all(dim=-1)
         if not bool(finite.all()):
             j = int((~finite).nonzero()[0, 0])
             r = active[j]
             raise NonFiniteLogits(self.prompts[r] if r < len(self.prompts) else None,
                                   float(logits[j][~torch.isfinite(logits[j])][0]))
+
+    def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
+        """The next token of each row of ``logits`` ([len(active), V], any float dtype); row j
+        belongs to sequence ``active[j]``. NonFiniteLogits if a row holds NaN or Inf (argmax
+        and the inverse CDF would turn it into some token, scored as a parse failure)."""
+        # a NaN or Inf anywhere in a row makes its sum NaN or Inf: one reduction per step instead
+        # of an elementwise mask over every logit (costly at a 262k vocabulary); a sum that
+        # overflows on finite logits only sends the step to the exact check
+        if not bool(torch.isfinite(logits.sum(dim=-1)).all()):
+            self._check_elementwise(logits, active)
         if self.greedy:
             return logits.argmax(dim=-1)
         if logits.device.type == "cpu" and all(self.top_ps[r] == 1.0 for r in active):
