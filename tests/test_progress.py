@@ -53,6 +53,27 @@ def test_line_counts_only_this_runs_cells_and_estimates_the_rest(tmp_path):
     assert "about 0.7 min left" in prog.line(now=t + 20.0)
 
 
+def test_a_stale_shard_counts_as_a_cell_to_compute(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def shard(path, fingerprint):
+        table = pa.table({"x": [1]}).replace_schema_metadata({"safetyrepro": json.dumps({"fingerprint": fingerprint})})
+        pq.write_table(table, path)
+
+    current, stale = tmp_path / "current.parquet", tmp_path / "stale.parquet"
+    shard(current, "new")
+    shard(stale, "old")
+    (tmp_path / "garbled.parquet").write_bytes(b"not parquet")
+    time.sleep(1.1)     # both written well before the run starts
+    prog = RunProgress(tmp_path, [(current, "m", "T1-greedy-k0-freeform", "new"),
+                                  (stale, "m", "T1-greedy-k0-freeform", "new"),
+                                  (tmp_path / "garbled.parquet", "m", "T1-greedy-k0-freeform", "new")])
+    assert "cells 0 of 2 (0%)" in prog.line()
+    shard(stale, "new")   # the workflow rewrites it
+    assert "cells 1 of 2 (50%)" in prog.line()
+
+
 def test_nothing_to_do_prints_nothing(tmp_path):
     p = tmp_path / "done.parquet"
     p.write_bytes(b"x")
@@ -69,5 +90,8 @@ def test_planned_shards_cover_every_cell_of_the_run(default_cfg):
     plan = Plan(default_cfg)
     shards = planned_shards(plan)
     n = len(plan.jobs("main")) + (len(plan.jobs("bf16")) if plan.precision_check else 0)
-    assert len(shards) == n == len({p for p, _, _ in shards})
-    assert all(str(p).startswith(str(plan.results)) for p, _, _ in shards)
+    assert len(shards) == n == len({p for p, *_ in shards})
+    assert all(str(p).startswith(str(plan.results)) for p, *_ in shards)
+    p, m, c, fp = shards[0]
+    j = plan.jobs("main")[0]
+    assert fp == plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed)

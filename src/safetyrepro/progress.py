@@ -67,17 +67,18 @@ def format_minutes(seconds: float) -> str:
 class RunProgress:
     """Watches a run's shards appear and prints one progress line every ``every`` seconds.
 
-    ``shards``: (shard path, model, config id) of every planned cell; those present at start
-    are not counted (a partial rerun counts only its own cells). ``every`` defaults to
-    ``$SAFETYREPRO_PROGRESS_S`` or 60."""
+    ``shards``: (shard path, model, config id, expected fingerprint or None) of every planned
+    cell; a shard present at start with the expected fingerprint is not counted (a partial
+    rerun counts only its own cells), and a counted cell is done once its shard is written after
+    the start. ``every`` defaults to ``$SAFETYREPRO_PROGRESS_S`` or 60."""
 
-    def __init__(self, results_dir, shards: list[tuple[Path, str, str]], *, every: float | None = None,
+    def __init__(self, results_dir, shards: list[tuple], *, every: float | None = None,
                  stream=None):
         self.results = Path(results_dir)
         self.t0 = time.time()
         self.every = every if every is not None else float(os.environ.get("SAFETYREPRO_PROGRESS_S") or 60)
         self.stream = stream if stream is not None else sys.stderr
-        self.todo = [(Path(p), m, c) for p, m, c in shards if not Path(p).exists()]
+        self.todo = [(Path(p), m, c) for p, m, c, *fp in shards if not _current(Path(p), fp[0] if fp else None)]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -88,7 +89,7 @@ class RunProgress:
         if not self.todo:
             return None
         now = time.time() if now is None else now
-        left = [kind_of(m, c) for p, m, c in self.todo if not p.exists()]
+        left = [kind_of(m, c) for p, m, c in self.todo if not _written_since(p, self.t0)]
         n_done = len(self.todo) - len(left)
         events, _ = read_events(event_files(self.results), since=self.t0)
         done = []
@@ -125,8 +126,34 @@ class RunProgress:
         self._stop.set()
 
 
-def planned_shards(plan) -> list[tuple[Path, str, str]]:
-    """(shard path, model, config id) of every cell of the run (main, and bf16 when on)."""
+def _current(path: Path, fingerprint: str | None) -> bool:
+    """Whether ``path`` exists and (when ``fingerprint`` is given) records that fingerprint."""
+    if not path.exists():
+        return False
+    if fingerprint is None:
+        return True
+    import json
+
+    import pyarrow.parquet as pq  # deferred: only the workflow's Snakemake process needs it
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta.get(b"safetyrepro", b"{}")).get("fingerprint") == fingerprint
+    except Exception:  # unreadable: the workflow computes it again
+        return False
+
+
+def _written_since(path: Path, t0: float) -> bool:
+    try:
+        return path.stat().st_mtime >= t0 - 1.0   # file clocks run slightly behind time.time()
+    except OSError:
+        return False
+
+
+def planned_shards(plan) -> list[tuple[Path, str, str, str]]:
+    """(shard path, model, config id, expected fingerprint) of every cell of the run (main, and
+    bf16 when on)."""
     variants = ["main"] + (["bf16"] if plan.precision_check else [])
-    return [(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, v), j.model, j.config.id)
+    return [(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, v), j.model, j.config.id,
+             plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, v))
             for v in variants for j in plan.jobs(v)]
