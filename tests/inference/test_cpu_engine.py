@@ -395,7 +395,11 @@ def test_nf4_model_on_cpu_is_dequantized_once_and_records_it(cfg):
     import bitsandbytes as bnb
     assert not any(isinstance(m, bnb.nn.Linear4bit) for m in nf4.model.modules())
     linears = [m for m in nf4.model.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    # bf16, or float32 on a CPU without native bf16 (runtime.cpu_compute_dtype: auto)
+    from safetyrepro.compute_dtype import compute_dtype
+
+    assert nf4.info["compute_dtype"] == compute_dtype("auto", "cpu", "nf4")
+    assert linears and all(m.weight.dtype == getattr(torch, nf4.info["compute_dtype"]) for m in linears)
     # the effective weights are NF4's: at most 16 distinct values per 64-weight block
     w = linears[0].weight.float().reshape(-1, 64)
     assert max(len(torch.unique(row)) for row in w[:50]) <= 16
