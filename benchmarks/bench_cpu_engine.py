@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     load_start = [round(x, 2) for x in os.getloadavg()]
     cfg = load_config(args.config)
     plan = Plan(cfg)
-    if not plan.items_path(args.benchmark).exists():
-        print(f"{plan.items_path(args.benchmark)} is missing: run `safetyrepro items --config "
+    if not plan.layout.items_path(args.benchmark).exists():
+        print(f"{plan.layout.items_path(args.benchmark)} is missing: run `safetyrepro items --config "
               f"{args.config}` (or the workflow) first", file=sys.stderr)
         return 2
     out_dir = tempfile.mkdtemp(prefix="bench_cpu_engine-")

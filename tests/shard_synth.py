@@ -38,13 +38,13 @@ def synthetic_run(tmp: Path, n_items: int = 4, **over) -> Plan:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     rc = load_config(path)
     for b in rc.benchmarks:
-        if not Plan(rc).items_path(b).exists():
+        if not Plan(rc).layout.items_path(b).exists():
             build_items(rc, b)
     return Plan(rc)
 
 
 def items_of(plan: Plan, benchmark: str) -> tuple[list[dict], dict]:
-    df, meta = read_items(plan.items_path(benchmark))
+    df, meta = read_items(plan.layout.items_path(benchmark))
     return df.to_dict(orient="records"), meta
 
 
@@ -79,7 +79,7 @@ def write_cell(plan: Plan, model: str, benchmark: str, config_id: str, seed: int
         temperature=dec["temperature"], top_p=dec.get("top_p", 1.0),
         max_new_tokens=cfg.max_new_tokens(benchmark, c.template) if c.scoring == "freeform" else None,
         decode_group=[list(g) for g in plan.decode_group(benchmark, config_id, variant)],
-        template_hash=plan.template_hash(benchmark, c.template), chat_template_hash=None,
+        template_hash=plan.fingerprints.template_hash(benchmark, c.template), chat_template_hash=None,
         rules_stamp=cfg.rules.stamp,
         config_hash=cfg.hash, subset_hash=items_meta["subset_hash"], items_content_hash=items_meta.get("content_hash"), fewshot_ids=[], fewshot_hash=None,
         fingerprint=plan.cell_fingerprint(model, benchmark, config_id, seed, variant),
@@ -88,7 +88,7 @@ def write_cell(plan: Plan, model: str, benchmark: str, config_id: str, seed: int
         batching={"oom_splits": [], "plans": []}, code_version={},
         n_items=len(rows), wall_s=0.0)
     fields.update(meta_over)
-    out = plan.shard_path(model, benchmark, config_id, seed, variant)
+    out = plan.layout.shard_path(model, benchmark, config_id, seed, variant)
     write_shard(out, rows, ShardMeta(**fields))
     return out
 

@@ -79,7 +79,7 @@ def test_bf16_variant_reads_only_the_precision_check_shards(fresh):
 
 def test_missing_stale_and_old_shards_are_listed(fresh):
     plan = fresh
-    missing = plan.shard_path("m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0)
+    missing = plan.layout.shard_path("m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0)
     missing.unlink()
     # written for the bf16 variant's fingerprint (a one-stream decode group) into main's place
     stale = write_cell(plan, "m-bf16", "truthfulqa", "T1-greedy-k0-freeform", 0,
@@ -112,7 +112,7 @@ def test_mixed_rules_stamps_and_item_subsets_are_refused(fresh):
 
 def test_a_shard_row_for_an_unknown_item_is_named(fresh):
     plan = fresh
-    path = plan.shard_path("m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0)
+    path = plan.layout.shard_path("m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0)
     table, meta = read_shard(path)
     from safetyrepro.shards import write_shard
 
@@ -127,7 +127,7 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
     import json
 
     from safetyrepro.aggregate import write_aggregate
-    from safetyrepro.plan import aggregate_outputs
+    from safetyrepro.results_layout import aggregate_outputs
     from safetyrepro.provenance import code_version, format_code_version
 
     plan = fresh

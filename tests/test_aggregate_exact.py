@@ -54,7 +54,7 @@ def _write_shards(plan) -> None:
     from safetyrepro.items.build import read_items
 
     task = load_task("xstest")
-    items, im = read_items(plan.items_path("xstest"))
+    items, im = read_items(plan.layout.items_path("xstest"))
     recs = items.to_dict(orient="records")
     # which of the two outputs is scored correct for each item, by the current parser
     right, wrong = [], []
@@ -89,7 +89,7 @@ def _write_shards(plan) -> None:
             parser_version=task.parser_version, model_info={"weights_hash": "w"}, quantization="fp32",
             device="cpu", batching={"oom_splits": [], "plans": []}, code_version=code_version(),
             n_items=len(rows), wall_s=0.0)
-        write_shard(plan.shard_path(j.model, j.benchmark, c.id, j.seed), rows, meta)
+        write_shard(plan.layout.shard_path(j.model, j.benchmark, c.id, j.seed), rows, meta)
 
 
 def test_aggregation_carries_exact_fractions_and_the_tie_survives(plan):
@@ -128,7 +128,7 @@ def test_aggregation_refuses_a_model_whose_shards_mix_numerics(plan):
 
     _write_shards(plan)
     j = next(j for j in plan.jobs() if j.model == "smol-fp32" and j.config.decoding == "greedy")
-    path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    path = plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed)
     table, meta = read_parquet(path)
     write_parquet(table, path, {**meta, "model_info": {"weights_hash": "w-replaced-folder"}})
     with pytest.raises(ShardError) as ei:
@@ -155,9 +155,9 @@ def test_aggregation_refuses_a_shard_of_other_items_content(plan):
     from safetyrepro.io import read_metadata, read_parquet, write_parquet
 
     _write_shards(plan)
-    current = read_metadata(plan.items_path("xstest"))["content_hash"]
+    current = read_metadata(plan.layout.items_path("xstest"))["content_hash"]
     j = plan.jobs()[0]
-    path = plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    path = plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed)
     table, meta = read_parquet(path)
     write_parquet(table, path, {**meta, "items_content_hash": current})
     aggregate(plan.cfg, plan.aggregate_inputs(), progress=False)                      # the current content: accepted

@@ -306,7 +306,7 @@ def test_chat_template_hash_in_shard_and_fingerprint(setup):
 
     d, path, worker = setup
     plan = Plan(load_config(path))
-    marker = plan.model_marker("smol")
+    marker = plan.layout.model_marker("smol")
     marker.parent.mkdir(parents=True, exist_ok=True)
     cell = "T2-greedy-k0-logprob"
     try:

@@ -55,8 +55,8 @@ def test_every_table_rule_is_fingerprinted_by_its_code():
         r'@analyze\.command\("([\w-]+)"\)(?:(?!@analyze).)*?from \.(\w+) import', cli, flags=re.S)}
     assert len(command_module) >= 8
     for name, block in rules.items():
-        fp = re.search(r'code=PLAN\.code_fingerprint\("(safetyrepro[\w.]+)"\)', block)
-        assert fp or "scoring=PLAN.scoring_code" in block, f"rule {name} has no code fingerprint in its params"
+        fp = re.search(r'code=PLAN\.fingerprints\.code_fingerprint\("(safetyrepro[\w.]+)"\)', block)
+        assert fp or "scoring=PLAN.fingerprints.scoring_code" in block, f"rule {name} has no code fingerprint in its params"
         cmd = re.search(r"-m safetyrepro analyze ([\w-]+)", block)
         if cmd:
             assert fp.group(1) == command_module[cmd.group(1)], name

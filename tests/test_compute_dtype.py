@@ -68,15 +68,15 @@ def test_fingerprint_and_worker_key_name_the_compute_dtype(default_cfg, tmp_path
     fp = {s: p.cell_fingerprint("smollm2-135m", "truthfulqa", "T1-greedy-k0-freeform", 0, chat_template=False)
           for s, p in plans.items()}
     assert fp["bf16"] != fp["float32"]
-    assert plans["bf16"].compute_dtype("smollm2-135m") == "bfloat16"
-    assert plans["float32"].compute_dtype("smollm2-135m") == "float32"
+    assert plans["bf16"].runtime.compute_dtype(plans["bf16"].quantization("smollm2-135m")) == "bfloat16"
+    assert plans["float32"].runtime.compute_dtype(plans["float32"].quantization("smollm2-135m")) == "float32"
     assert plans["bf16"].worker_key("smollm2-135m", "nf4") != plans["float32"].worker_key("smollm2-135m", "nf4")
     # the fingerprint's field is the one a worker fills from the model it loaded
-    from safetyrepro.plan import cell_fingerprint, cell_fingerprint_fields
+    from safetyrepro.fingerprints import cell_fingerprint, cell_fingerprint_fields
 
     p = plans["bf16"]
     c = p.config("T1-greedy-k0-freeform")
-    common = dict(template_hash=p.template_hash("truthfulqa", "T1"), weights=None, code=p.inference_code)
+    common = dict(template_hash=p.fingerprints.template_hash("truthfulqa", "T1"), weights=None, code=p.fingerprints.inference_code)
     loaded = {d: cell_fingerprint(cell_fingerprint_fields(
         p.cfg, "smollm2-135m", "nf4", "truthfulqa", c, 0, p.decode_group("truthfulqa", "T1-greedy-k0-freeform"),
         compute=d, **common)) for d in ("bfloat16", "float32")}

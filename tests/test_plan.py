@@ -7,8 +7,9 @@ import pytest
 import yaml
 
 from safetyrepro.config import load_config
-from safetyrepro.plan import (SHARD_ROOTS, Plan, cell_fingerprint, cell_fingerprint_fields,
-                             loaded_weights_identity)
+from safetyrepro.fingerprints import cell_fingerprint, cell_fingerprint_fields, loaded_weights_identity
+from safetyrepro.plan import Plan
+from safetyrepro.results_layout import SHARD_ROOTS, variant_of_shard_root
 from workflow_support import ROOT
 from config_support import config_copy
 
@@ -48,7 +49,7 @@ def test_one_bf16_model_gets_its_own_precision_check_cells(tmp_path):
     jobs = plan.jobs("bf16")
     # 4 configs x 4 free-form benchmarks + CrowS-Pairs' T1/T2 zero-shot logprob configs
     assert {j.model for j in jobs} == {"a", "b"} and len(jobs) == 2 * (4 * 4 + 2)
-    assert all(str(p).startswith(str(plan.results / "shards_bf16") + "/") for p in plan.shards("bf16"))
+    assert all(str(p).startswith(str(plan.layout.results / "shards_bf16") + "/") for p in plan.shards("bf16"))
     # one worker per (model, quantization): the bf16 model's variants share it
     assert plan.worker_key("b", plan.quantization("b", "bf16")) == plan.worker_key("b", plan.quantization("b"))
     assert plan.worker_key("a", "bf16") != plan.worker_key("a", "nf4")
@@ -113,11 +114,11 @@ def test_precision_check_is_off_when_every_model_is_bf16(tmp_path):
 def test_shard_paths_and_the_variant_of_a_shard_folder(tmp_path):
     plan = _plan(tmp_path, {"a": "nf4"})
     for variant, root in SHARD_ROOTS.items():
-        p = plan.shard_path("a", "bbq", "T1-greedy-k0-freeform", 3, variant)
-        assert p == plan.results / root / "a" / "bbq" / "T1-greedy-k0-freeform" / "s3.parquet"
-        assert plan.variant_of_shard_root(p.parts[-5]) == variant
+        p = plan.layout.shard_path("a", "bbq", "T1-greedy-k0-freeform", 3, variant)
+        assert p == plan.layout.results / root / "a" / "bbq" / "T1-greedy-k0-freeform" / "s3.parquet"
+        assert variant_of_shard_root(p.parts[-5]) == variant
     with pytest.raises(ValueError, match="no shard folder"):
-        plan.variant_of_shard_root("shards_fp8")
+        variant_of_shard_root("shards_fp8")
 
 
 def test_priorities_keep_each_models_cells_together(tmp_path):
@@ -197,7 +198,7 @@ def test_batch_size_and_attention_are_in_every_cell_fingerprint(tmp_path, settin
             args = (j.model, j.benchmark, j.config.id, j.seed, v)
             assert plan.cell_fingerprint(*args) != other.cell_fingerprint(*args), j
     # preparation and the workers do not depend on it
-    assert all(plan.source_fingerprint(m) == other.source_fingerprint(m) for m in "ab")
+    assert all(plan.fingerprints.source_fingerprint(m) == other.fingerprints.source_fingerprint(m) for m in "ab")
 
 
 def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_path):
@@ -221,13 +222,13 @@ def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_pa
         p = Plan(load_config(path))
         cells = {(j.model, j.config.id, j.seed): p.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed)
                  for j in p.jobs() if j.benchmark == "bbq"}
-        return p, cells, {m: (p.source_fingerprint(m), p.worker_key(m, "nf4")) for m in "ab"}
+        return p, cells, {m: (p.fingerprints.source_fingerprint(m), p.worker_key(m, "nf4")) for m in "ab"}
 
     p0, cells0, prep0 = snapshot()
-    assert p0.weights_identity("a") is None and p0.weights_identity("b") == weights_hash(folder)
+    assert p0.fingerprints.weights_identity("a") is None and p0.fingerprints.weights_identity("b") == weights_hash(folder)
     _tensor_folder(folder, 1.0)                      # same size, one tensor altered
     p1, cells1, prep1 = snapshot()
-    assert p1.weights_identity("b") == weights_hash(folder) != p0.weights_identity("b")
+    assert p1.fingerprints.weights_identity("b") == weights_hash(folder) != p0.fingerprints.weights_identity("b")
     assert prep1["a"] == prep0["a"] and prep1["b"][0] != prep0["b"][0] and prep1["b"][1] != prep0["b"][1]
     changed = {k for k in cells0 if cells0[k] != cells1[k]}
     assert changed == {k for k in cells0 if k[0] == "b"} and changed
@@ -237,11 +238,11 @@ def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_pa
     # a worker fingerprints with the weights it loaded, not the folder's now
     cid = "T1-greedy-k0-freeform"
     c = p1.config(cid)
-    loaded = loaded_weights_identity(p1.cfg, "b", {"model_key": "b", "weights_hash": p0.weights_identity("b")})
+    loaded = loaded_weights_identity(p1.cfg, "b", {"model_key": "b", "weights_hash": p0.fingerprints.weights_identity("b")})
     fields = cell_fingerprint_fields(p1.cfg, "b", p1.quantization("b"), "bbq", c, 0, p1.decode_group("bbq", cid),
-                                     template_hash=p1.template_hash("bbq", c.template), weights=loaded,
-                                     code=p1.inference_code, compute=p1.compute_dtype("b"))
-    assert cell_fingerprint(fields, p1.chat_template_hash("b")) == cells0[("b", cid, 0)]
-    assert cell_fingerprint(fields, p1.chat_template_hash("b")) != cells1[("b", cid, 0)]
+                                     template_hash=p1.fingerprints.template_hash("bbq", c.template), weights=loaded,
+                                     code=p1.fingerprints.inference_code, compute=p1.runtime.compute_dtype(p1.quantization("b")))
+    assert cell_fingerprint(fields, p1.fingerprints.chat_template_hash("b")) == cells0[("b", cid, 0)]
+    assert cell_fingerprint(fields, p1.fingerprints.chat_template_hash("b")) != cells1[("b", cid, 0)]
     (folder / "model.safetensors").unlink()
-    assert snapshot()[0].weights_identity("b") == f"unreadable:{folder}"
+    assert snapshot()[0].fingerprints.weights_identity("b") == f"unreadable:{folder}"

@@ -91,7 +91,7 @@ def test_planned_shards_cover_every_cell_of_the_run(default_cfg):
     shards = planned_shards(plan)
     n = len(plan.jobs("main")) + (len(plan.jobs("bf16")) if plan.precision_check else 0)
     assert len(shards) == n == len({p for p, *_ in shards})
-    assert all(str(p).startswith(str(plan.results)) for p, *_ in shards)
+    assert all(str(p).startswith(str(plan.layout.results)) for p, *_ in shards)
     p, m, c, fp = shards[0]
     j = plan.jobs("main")[0]
     assert fp == plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed)

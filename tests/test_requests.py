@@ -22,7 +22,7 @@ def setup(tmp_path_factory):
     plan = synthetic_run(tmp_path_factory.mktemp("req"))
     tok = AutoTokenizer.from_pretrained(str(prepare_model(plan.cfg, "m-nf4", progress=False)))
     items, _ = items_of(plan, "truthfulqa")
-    df_pool = plan.fewshot_path("truthfulqa")
+    df_pool = plan.layout.fewshot_path("truthfulqa")
     from safetyrepro.items import read_items
 
     pool = read_items(df_pool)[0].to_dict(orient="records")

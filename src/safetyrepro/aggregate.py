@@ -95,7 +95,7 @@ def _aggregate(cfg, inputs: AggregateInputs, progress: bool):
 
     from .grid import Job, config_of
     from .items import read_items
-    from .plan import scoring_fingerprint
+    from .fingerprints import scoring_fingerprint
     from .shards import read_shard
     from .tasks import load_task
 
@@ -257,8 +257,8 @@ def provenance_records(cfg, items: dict[str, str | Path], metas: dict[str, dict]
 
 
 def write_aggregate(cfg, inputs: AggregateInputs, out_dir: str | Path) -> dict:
-    """Write :func:`aggregate`'s tables to :func:`.plan.aggregate_outputs` of ``out_dir``."""
-    from .plan import aggregate_outputs
+    """Write :func:`aggregate`'s tables to :func:`.results_layout.aggregate_outputs` of ``out_dir``."""
+    from .results_layout import aggregate_outputs
 
     cells, items_df, meta, metas = _aggregate(cfg, inputs, progress=True)
     paths = aggregate_outputs(out_dir, inputs.variant)

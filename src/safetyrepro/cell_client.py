@@ -45,10 +45,10 @@ def run_cell_via_worker(*, config_path: str, model: str, benchmark: str, config_
 
     plan = Plan(load_config(config_path))
     request = plan.cell_request(model, benchmark, config_id, seed, out, variant)
-    return send_cell(request, state_dir=str(plan.worker_state_dir),
+    return send_cell(request, state_dir=str(plan.layout.worker_state_dir),
                      key=plan.worker_key(model, request.quantization),
-                     idle_timeout=plan.worker_idle_timeout, timeout=plan.cell_timeout,
-                     device_wait=plan.device_wait)
+                     idle_timeout=plan.runtime.worker_idle_timeout, timeout=plan.runtime.cell_timeout,
+                     device_wait=plan.runtime.device_wait)
 
 
 # the request's fields, then the worker's settings

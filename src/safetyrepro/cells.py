@@ -91,7 +91,7 @@ class ModelCellRunner:
                                 scoring, store)
         from .models import load_model
         from .models.load import compute_threads
-        from .plan import inference_code
+        from .fingerprints import inference_code
 
         # The inference code this worker runs is the code it imported now: its hash is taken
         # now, not from the disk at the end of a call (which may hold an edit made since).
@@ -105,7 +105,7 @@ class ModelCellRunner:
         """The inference-code hash of the code computing this runner's cells."""
         if self.loaded_code is not None:
             return self.loaded_code
-        from .plan import inference_code
+        from .fingerprints import inference_code
 
         return inference_code()
 
@@ -234,7 +234,8 @@ def resolve_cell(cfg: RunConfig, request: CellRequest) -> Config:
     """The request's :class:`Config` (its id looked up in the rules), checked against the run
     config, the rules and its decode group."""
     from .grid import config_of
-    from .plan import SHARD_ROOTS, variant_quantization
+    from .plan import variant_quantization
+    from .results_layout import SHARD_ROOTS
 
     if request.variant not in SHARD_ROOTS:
         raise CellError(f"cell {request.id}: unknown variant {request.variant!r} "
@@ -270,7 +271,7 @@ def run_cell(request: CellRequest, runner: ModelCellRunner | None = None, *, pro
     model). When ``request.fingerprint`` is given (the workflow's, planned without the
     chat-template hash) it must be the one computed here from the loaded code, weights, task
     files and settings, else :class:`StaleWorkerError`. Returns a small summary."""
-    from .plan import cell_fingerprint, cell_fingerprint_fields, loaded_weights_identity, marker_chat_template_hash
+    from .fingerprints import cell_fingerprint, cell_fingerprint_fields, loaded_weights_identity, marker_chat_template_hash
     from .tasks import load_task
 
     runner = runner if runner is not None else ModelCellRunner()

@@ -154,6 +154,6 @@ def planned_shards(plan) -> list[tuple[Path, str, str, str]]:
     """(shard path, model, config id, expected fingerprint) of every cell of the run (main, and
     bf16 when on)."""
     variants = ["main"] + (["bf16"] if plan.precision_check else [])
-    return [(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed, v), j.model, j.config.id,
+    return [(plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed, v), j.model, j.config.id,
              plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, v))
             for v in variants for j in plan.jobs(v)]

@@ -22,7 +22,7 @@ def test_slice_targets_are_planned_shards_of_the_default_run(default_cfg):
 
     bs = _bench_slice()
     plan = Plan(default_cfg)
-    planned = {str(plan.shard_path(j.model, j.benchmark, j.config.id, j.seed).relative_to(ROOT))
+    planned = {str(plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed).relative_to(ROOT))
                for j in plan.jobs("main")}
     targets = bs.targets()
     assert len(targets) == len(set(targets)) and set(targets) <= planned

@@ -38,7 +38,7 @@ def plan(tmp_path_factory):
 
 
 def _runner(plan):
-    return ModelCellRunner(backend=FakeBackend(MODEL, plan.quantization(MODEL), plan.weights_identity(MODEL)))
+    return ModelCellRunner(backend=FakeBackend(MODEL, plan.quantization(MODEL), plan.fingerprints.weights_identity(MODEL)))
 
 
 @pytest.mark.parametrize("benchmark, config_id", [("bbq", "T1-t0.3-k3-freeform"),

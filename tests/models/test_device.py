@@ -56,7 +56,7 @@ def test_cuda_config_without_gpu_fails_before_any_job(tmp_path):
     assert "field 'runtime.device': 'cuda' is required but" in out, out
     # nothing ran: no job output, no job log
     made = [p for p in (project / "results").rglob("*") if p.is_file()] if (project / "results").exists() else []
-    # the planner's cache of expected items content (Plan.expected_items_content) is written
+    # the planner's cache of expected items content (Fingerprints.expected_items_content) is written
     # while planning and the results-folder lock at the start of the run, not by a job
     assert not [p for p in made if "run_summary" not in p.name
                 and p.name not in (".expected_content.json", ".safetyrepro.lock")], made

@@ -83,7 +83,7 @@ plan = Plan(load_config(sys.argv[1]))
 m, b, c = "smol-fp32", "xstest", "T1-greedy-k0-freeform"
 request = plan.cell_request(m, b, c, 0, sys.argv[2])
 print(json.dumps({"request": request.as_message(), "key": plan.worker_key(m, request.quantization),
-                  "state_root": str(plan.worker_state_root)}))
+                  "state_root": str(plan.layout.worker_state_root)}))
 """
 
 

@@ -183,10 +183,10 @@ def test_tiny_config_runs_in_grouped_jobs_each_owning_its_worker(tmp_path, monke
     group_args = ["--group-components", "cells_{model}_{shards}=2"]
 
     # 1. two cells of the first model, and the other model prepared
-    done_first = [plan.shard_path(j.model, j.benchmark, j.config.id, j.seed)
+    done_first = [plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed)
                   for j in plan.jobs() if j.model == first][:2]
     pre_targets = [str(p.relative_to(project)) for p in done_first]
-    pre_targets.append(str(plan.model_marker(other).relative_to(project)))
+    pre_targets.append(str(plan.layout.model_marker(other).relative_to(project)))
     pre = run_workflow(project, config, pre_targets + group_args, timeout_s=900)
     assert pre.returncode == 0, pre.describe()
     pre_groups = _group_jobs(pre)

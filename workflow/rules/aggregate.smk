@@ -13,9 +13,9 @@ localrules:
 rule aggregate_inputs:
     input:
         shards=lambda w: [rel(p) for p in PLAN.shards(w.variant)],
-        item_files=[rel(PLAN.items_path(b)) for b in RUN.benchmarks],
+        item_files=[rel(PLAN.layout.items_path(b)) for b in RUN.benchmarks],
         # the expected fingerprints name each model's chat template, from its marker
-        models=[rel(PLAN.model_marker(m)) for m in RUN.models],
+        models=[rel(PLAN.layout.model_marker(m)) for m in RUN.models],
     output:
         f"{RESULTS}/aggregate/inputs_{{variant}}.json",
     log:
@@ -24,7 +24,7 @@ rule aggregate_inputs:
         variant="|".join(SHARD_ROOTS),
     params:
         # the code writing the list (safetyrepro.aggregate_inputs.write_inputs)
-        code=PLAN.code_fingerprint("safetyrepro.aggregate_inputs"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.aggregate_inputs"),
     run:
         write_aggregate_inputs(output[0], wildcards.variant, input, log[0])
 
@@ -35,7 +35,7 @@ rule aggregate:
         rules=ancient(RULES),
         inputs=f"{RESULTS}/aggregate/inputs_main.json",
         shards=[rel(p) for p in PLAN.shards("main")],
-        item_files=[rel(PLAN.items_path(b)) for b in RUN.benchmarks],
+        item_files=[rel(PLAN.layout.items_path(b)) for b in RUN.benchmarks],
     output:
         **aggregate_outputs("main"),
     log:
@@ -44,7 +44,7 @@ rule aggregate:
         ENV
     params:
         out_dir=lambda w, output: os.path.dirname(output.cell_scores),
-        scoring=PLAN.scoring_code,
+        scoring=PLAN.fingerprints.scoring_code,
     shell:
         '"$PY" -m safetyrepro aggregate --config {input.config_path:q} --variant main'
         " --inputs {input.inputs:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
@@ -56,7 +56,7 @@ rule aggregate_bf16:
         rules=ancient(RULES),
         inputs=f"{RESULTS}/aggregate/inputs_bf16.json",
         shards=[rel(p) for p in PLAN.shards("bf16")],
-        item_files=[rel(PLAN.items_path(b)) for b in RUN.benchmarks],
+        item_files=[rel(PLAN.layout.items_path(b)) for b in RUN.benchmarks],
     output:
         **aggregate_outputs("bf16"),
     log:
@@ -65,7 +65,7 @@ rule aggregate_bf16:
         ENV
     params:
         out_dir=lambda w, output: os.path.dirname(output.cell_scores),
-        scoring=PLAN.scoring_code,
+        scoring=PLAN.fingerprints.scoring_code,
     shell:
         '"$PY" -m safetyrepro aggregate --config {input.config_path:q} --variant bf16'
         " --inputs {input.inputs:q} --out-dir {params.out_dir:q} > {log:q} 2>&1"
@@ -81,6 +81,6 @@ rule rho_flip:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.metrics.tables"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.metrics.tables"),
     shell:
         '"$PY" -m safetyrepro rho-flip {input:q} --out {output.pairs:q} > {log:q} 2>&1'

@@ -13,7 +13,7 @@ rule paper_tables:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.tables"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.tables"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         threshold=ANALYSIS["parse_clean_threshold"],
         samples=ANALYSIS["bootstrap_samples"],
@@ -41,7 +41,7 @@ rule significance:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.significance"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.significance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         alpha=ANALYSIS["alpha"],
         samples=(
@@ -69,7 +69,7 @@ rule nearest_reversal:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.tables"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.tables"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
@@ -88,7 +88,7 @@ rule variance:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.variance"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.variance"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
     shell:
         '"$PY" -m safetyrepro analyze variance {input:q} --out-dir {params.out_dir:q} > {log:q} 2>&1'
@@ -105,7 +105,7 @@ rule robustness:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.robustness"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.robustness"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         nominal=ANALYSIS["nominal_config"],
     shell:
@@ -124,7 +124,7 @@ rule subsample_stability:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.subsample"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.subsample"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         fraction=ANALYSIS["subsample_fraction"],
@@ -155,7 +155,7 @@ rule bbq_bias:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.bbq_bias"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.bbq_bias"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         items_dir=lambda w, input: os.path.dirname(input.bbq_items),
     shell:
@@ -174,7 +174,7 @@ rule precision_check:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.precision"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.precision"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         rules=RUN.rules.path,
     shell:
@@ -208,7 +208,7 @@ rule cards:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.cards"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.cards"),
         out_dir=lambda w, output: os.path.dirname(output.index),
         cross_package=lambda w, input: (
             f"--cross-package {shlex.quote(input.cross_package[0])}"
@@ -240,7 +240,7 @@ rule scale_probe:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.scale_probe"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.scale_probe"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         families=" ".join(
             f"--family {shlex.quote(','.join(f))}" for f in PLAN.scale_probe_families

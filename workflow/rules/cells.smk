@@ -28,9 +28,9 @@ rule cell:
         # change of the fingerprint reruns a cell, not a newer file)
         config_path=ancient(CONFIG),
         rules=ancient(RULES),
-        subset=lambda w: rel(PLAN.items_path(w.benchmark)),
-        fewshot=lambda w: rel(PLAN.fewshot_path(w.benchmark)),
-        model=lambda w: rel(PLAN.model_marker(w.model)),
+        subset=lambda w: rel(PLAN.layout.items_path(w.benchmark)),
+        fewshot=lambda w: rel(PLAN.layout.fewshot_path(w.benchmark)),
+        model=lambda w: rel(PLAN.layout.model_marker(w.model)),
     output:
         f"{RESULTS}/{SHARD_PATTERN}",
     log:
@@ -44,8 +44,8 @@ rule cell:
         ENV
     resources:
         gpu=1,
-        mem_mb=lambda w: PLAN.cluster_resources(w.model)["mem_mb"],
-        runtime=lambda w: PLAN.cluster_resources(w.model)["cell_minutes"],
+        mem_mb=lambda w: PLAN.runtime.cluster_resources(w.model)["mem_mb"],
+        runtime=lambda w: PLAN.runtime.cluster_resources(w.model)["cell_minutes"],
     params:
         variant=cell_variant,
         quant=cell_quantization,
@@ -53,10 +53,10 @@ rule cell:
             w.benchmark, w.config_id, cell_variant(w)
         ),
         key=lambda w: PLAN.worker_key(w.model, cell_quantization(w)),
-        state_root=rel(PLAN.worker_state_root),
-        idle=PLAN.worker_idle_timeout,
-        timeout=PLAN.cell_timeout,
-        device_wait=PLAN.device_wait,
+        state_root=rel(PLAN.layout.worker_state_root),
+        idle=PLAN.runtime.worker_idle_timeout,
+        timeout=PLAN.runtime.cell_timeout,
+        device_wait=PLAN.runtime.device_wait,
         # without the chat-template hash: the prepared-model marker (an input) holds it and
         # does not exist yet when a fresh run is planned (Plan.cell_fingerprint)
         fingerprint=lambda w: PLAN.cell_fingerprint(

@@ -11,9 +11,14 @@ from snakemake.utils import min_version
 
 from safetyrepro.config import config_from_dict, load_config
 from safetyrepro.errors import SafetyReproError
-from safetyrepro import plan as plan_module
 from safetyrepro.analysis import outputs as analysis_outputs
-from safetyrepro.plan import SHARD_PATTERN, SHARD_ROOTS, Plan
+from safetyrepro.plan import Plan
+from safetyrepro.results_layout import (
+    SHARD_PATTERN,
+    SHARD_ROOTS,
+    aggregate_outputs as layout_aggregate_outputs,
+    variant_of_shard_root,
+)
 from safetyrepro.sysutil import hostname
 
 min_version("9.0")
@@ -43,7 +48,7 @@ if workflow.remote_exec:
     # workers its cells start, and stops them before the job ends (no hooks run there).
     from safetyrepro.worker.client import own_allocation_workers
 
-    own_allocation_workers(PLAN.worker_state_root)
+    own_allocation_workers(PLAN.layout.worker_state_root)
 
 
 def rel(path):
@@ -54,7 +59,7 @@ def rel(path):
     return os.path.relpath(path) if inside else path
 
 
-RESULTS = rel(PLAN.results)
+RESULTS = rel(PLAN.layout.results)
 CONFIG = rel(CONFIG_PATH)
 RULES = rel(RUN.rules.path)  # the envelope rules file the config names
 # Each rule's `conda:` names the software it runs (envs/safetyrepro.yaml) for the linter; jobs
@@ -100,7 +105,7 @@ TABLES = f"{RESULTS}/tables"
 def aggregate_outputs(variant):
     """The aggregation step's outputs, as the package names them."""
     return {
-        k: rel(v) for k, v in plan_module.aggregate_outputs(TABLES, variant).items()
+        k: rel(v) for k, v in layout_aggregate_outputs(TABLES, variant).items()
     }
 
 
@@ -208,7 +213,7 @@ SCALE_PROBE_TABLES = (
 
 def cell_variant(wildcards):
     """The variant of a cell job, from its shard folder (main: shards/, bf16: shards_bf16/)."""
-    return PLAN.variant_of_shard_root(wildcards.shards)
+    return variant_of_shard_root(wildcards.shards)
 
 
 def cell_quantization(wildcards):
@@ -229,7 +234,7 @@ onstart:
     # (a dry run, -n, skips onstart and so plans without a GPU); so does a results folder
     # another live run is using (safetyrepro.runlock; held until this process exits)
     try:
-        hold_results_lock(PLAN.results, RUN_ID, CONFIG_PATH)
+        hold_results_lock(PLAN.layout.results, RUN_ID, CONFIG_PATH)
         require_device(RUN)
     except SafetyReproError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -237,7 +242,7 @@ onstart:
     drop_local_rate_limiter(workflow)
     start_run(RESULTS, RUN_ID)
     # a line a minute: cells done and the time left, estimated from the cells done so far
-    PROGRESS.append(RunProgress(PLAN.results, planned_shards(PLAN)).start())
+    PROGRESS.append(RunProgress(PLAN.layout.results, planned_shards(PLAN)).start())
 
 
 onsuccess:

@@ -20,7 +20,7 @@ rule cross_package:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.crosspkg.stage"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.crosspkg.stage"),
         config=CONFIG,
         items_dir=lambda w, input: os.path.dirname(input.subsets[0]),
         work=f"{RESULTS}/cross_package",

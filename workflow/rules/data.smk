@@ -15,7 +15,7 @@ rule items:
     params:
         out_dir=lambda w, output: os.path.dirname(output.subset),
         config=CONFIG,
-        fingerprint=lambda w: PLAN.items_fingerprint(w.benchmark),
+        fingerprint=lambda w: PLAN.fingerprints.items_fingerprint(w.benchmark),
     shell:
         '"$PY" -m safetyrepro items --config {params.config:q} --benchmark {wildcards.benchmark:q}'
         " --out-dir {params.out_dir:q} > {log:q} 2>&1"

@@ -12,7 +12,7 @@ rule prepare_model:
         ENV
     params:
         config=CONFIG,
-        fingerprint=lambda w: PLAN.source_fingerprint(w.model),
+        fingerprint=lambda w: PLAN.fingerprints.source_fingerprint(w.model),
     # stderr (download progress bars, errors) goes to the log AND the console: a 15-18 GB
     # download is visible where the run is watched
     shell:

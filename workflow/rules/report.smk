@@ -15,7 +15,7 @@ rule figures:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.figures"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.figures"),
         out_dir=lambda w, output: os.path.dirname(output[0]),
         tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
     shell:
@@ -34,7 +34,7 @@ rule report_md:
     conda:
         ENV
     params:
-        code=PLAN.code_fingerprint("safetyrepro.analysis.report_md"),
+        code=PLAN.fingerprints.code_fingerprint("safetyrepro.analysis.report_md"),
         tables_dir=lambda w, input: os.path.dirname(input.tables[0]),
         figures_dir=lambda w, input: os.path.dirname(input.figures[0]),
     shell:

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             records[key] = {"path": str(path),
                             "weights_hash": recorded_weights_hash(cfg.resources_dir, path),
                             "chat_template_hash": _template_hash(path),
-                            "source_fingerprint": plan.source_fingerprint(key)}
+                            "source_fingerprint": plan.fingerprints.source_fingerprint(key)}
         if marker is not None:
             atomic_write_text(marker, json.dumps(records, indent=2, sort_keys=True))
 

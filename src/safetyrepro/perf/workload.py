@@ -83,12 +83,12 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     from ..tasks import load_task
 
     plan = Plan(cfg)
-    if not plan.items_path(benchmark).exists():
-        raise FileNotFoundError(f"{plan.items_path(benchmark)} is missing: run `safetyrepro items` "
+    if not plan.layout.items_path(benchmark).exists():
+        raise FileNotFoundError(f"{plan.layout.items_path(benchmark)} is missing: run `safetyrepro items` "
                                 f"(or the workflow) first")
     files = ModelCellRunner()
-    items, _ = files.items(plan.items_path(benchmark))
-    pool, _ = files.items(plan.fewshot_path(benchmark))
+    items, _ = files.items(plan.layout.items_path(benchmark))
+    pool, _ = files.items(plan.layout.fewshot_path(benchmark))
     config = Config(template, "greedy", shots, "freeform")
     req = cell_requests(cfg, lm.tokenizer, load_task(benchmark), config, items, pool)
     group = plan.decode_group(benchmark, config.id)
