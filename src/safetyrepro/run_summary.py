@@ -80,14 +80,14 @@ def format_failed(failed: list[dict]) -> str:
     return "\n".join(lines)
 
 
-_LEASE = None  # this run's lease (see worker.client.hold_run_lease), held until the process ends
+_LEASE = None  # this run's lease (see worker.lifecycle.hold_run_lease), held until the process ends
 
 
 def start_run(results_dir, run_id: str) -> None:
     """Take the run's lease on this node's worker state folder, so that another run ending
     meanwhile leaves the workers this run uses alone."""
     global _LEASE
-    from .worker.client import hold_run_lease
+    from .worker.lifecycle import hold_run_lease
     from .worker.layout import default_state_dir
 
     _LEASE = hold_run_lease(default_state_dir(results_dir), run_id)
@@ -95,7 +95,7 @@ def start_run(results_dir, run_id: str) -> None:
 
 def finish_run(results_dir, t0: float, ok: bool = True, snakemake_log=None,
                run_id: str | None = None) -> dict:
-    from .worker.client import stop_run_workers, stop_workers
+    from .worker.lifecycle import stop_run_workers, stop_workers
     from .worker.events import event_files, format_summary, summarize_events
     from .worker.layout import default_state_dir
 

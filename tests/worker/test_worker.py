@@ -950,7 +950,7 @@ def test_two_runs_on_one_device_never_hold_it_together(tmp_path):
 
 
 def test_end_of_run_stops_only_workers_no_other_run_uses(sd, monkeypatch):
-    from safetyrepro.worker.client import hold_run_lease, stop_run_workers
+    from safetyrepro.worker.lifecycle import hold_run_lease, stop_run_workers
 
     lease_b = hold_run_lease(sd, "run-b")              # run B is still going
     monkeypatch.setenv("SAFETYREPRO_RUN_ID", "run-a")

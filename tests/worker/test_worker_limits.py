@@ -105,7 +105,7 @@ def test_an_oversized_frame_gets_an_error_reply(sd):
 
 
 def test_run_ids_of_any_length_name_their_leases(sd, monkeypatch):
-    from safetyrepro.worker.client import hold_run_lease, run_lease_path, stop_run_workers
+    from safetyrepro.worker.lifecycle import hold_run_lease, run_lease_path, stop_run_workers
 
     long_id = "run-" + "x" * 300
     other = "run-" + "x" * 299 + "y"

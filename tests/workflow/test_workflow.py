@@ -286,7 +286,7 @@ def test_killed_run_resumes_without_loss(tmp_path):
         table, meta = read_shard(f)
         assert table.num_rows == 3 and len(set(table.column("item_id").to_pylist())) == 3
     assert not list(shards.rglob("*.tmp"))
-    from safetyrepro.worker.client import stop_workers
+    from safetyrepro.worker.lifecycle import stop_workers
     from safetyrepro.worker.layout import default_state_dir
 
     stop_workers(default_state_dir(project / "results"))

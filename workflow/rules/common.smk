@@ -46,7 +46,7 @@ RUN_T0 = time.time()
 if workflow.remote_exec:
     # In a cluster job (e.g. a group of cells): the job's first Snakemake process owns the
     # workers its cells start, and stops them before the job ends (no hooks run there).
-    from safetyrepro.worker.client import own_allocation_workers
+    from safetyrepro.worker.lifecycle import own_allocation_workers
 
     own_allocation_workers(PLAN.layout.worker_state_root)
 

@@ -11,7 +11,7 @@ This package's ``__init__`` imports only the light client side (no torch).
 # Resolved on first use (PEP 562): a cell job's client imports ``.client`` alone, and every
 # module it does not need costs start-up time on each of the run's ~1,800 jobs.
 _EXPORTS = {
-    "run_in_worker": "client", "stop_workers": "client", "worker_status": "client",
+    "run_in_worker": "client", "stop_workers": "lifecycle", "worker_status": "lifecycle",
     "WorkerCallError": "errors", "WorkerCrashed": "errors", "WorkerError": "errors",
     "WorkerLoadError": "errors", "WorkerStartError": "errors",
     "event_files": "events", "format_summary": "events", "summarize_events": "events",

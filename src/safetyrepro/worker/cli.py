@@ -58,7 +58,7 @@ def stop_cmd(
     results_dir: Path = typer.Option(Path("results"), help="results dir (for the default state dir)"),
 ) -> None:
     """Ask workers to finish their current call and exit."""
-    from .client import stop_workers
+    from .lifecycle import stop_workers
 
     if (key is None) == (not all_):
         raise typer.BadParameter("give exactly one of --key K or --all")
@@ -74,7 +74,7 @@ def status_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """List this node's workers."""
-    from .client import worker_status
+    from .lifecycle import worker_status
 
     d = _state_dir(state_dir, results_dir)
     rows = worker_status(d)

@@ -18,13 +18,14 @@ one at a time in arrival order, as ``target(state, **kwargs)`` in its main threa
 * A worker with an *owner* (``"PID:START"``, the process that bounds a cluster job's use of
   it; see :func:`state.allocation_owner`) exits when that process is gone: at once if idle,
   after :data:`OWNER_GRACE_S` if a call is still running (its client went with the job).
+
+What a worker may run and its replies: :mod:`.calls`; the device slot: :mod:`.device_slot`.
 """
 
 from __future__ import annotations
 
 import collections
 import gc
-import importlib
 import logging
 import os
 import select
@@ -36,9 +37,11 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ..errors import SafetyReproError
 from ..sysutil import hostname
 from .allocation import allocation_id, owner_alive
+from .calls import (ALLOWED_LOADERS, ALLOWED_TARGETS, error_reply, is_allowed, is_fatal, resolve_callable,
+                    retry_reply, test_target_modules)
+from .device_slot import DeviceSlot
 from .errors import WorkerError
 from .events import append_event
 from .layout import WorkerPaths, open_private, run_token
@@ -75,91 +78,9 @@ REQUEST_DEADLINE_S = _limit("REQUEST_DEADLINE_S", 60.0)
 MAX_CONNECTIONS = int(_limit("MAX_CONNECTIONS", 64))
 REPLY_SEND_TIMEOUT_S = _limit("REPLY_SEND_TIMEOUT_S", 60.0)
 DRAIN_DEADLINE_S = REQUEST_DEADLINE_S + 5.0
-DEVICE_POLL_S = 0.1
-DEVICE_LOG_EVERY_S = 30.0
 OWNER_POLL_S = 0.5
 OWNER_GRACE_S = 2.0
 WATCHDOG_POLL_S = 0.2
-
-
-def _describe_holder(path) -> str:
-    h = read_holder(path) or {}
-    if not h:
-        return f"an unknown process ({path})"
-    since = time.strftime("%H:%M:%S", time.localtime(h["t"])) if isinstance(h.get("t"), (int, float)) else "?"
-    return (f"worker pid {h.get('pid')} for {h.get('key')} (state folder {h.get('state_dir', '?')}, "
-            f"since {since}; lock {path})")
-
-
-# What a worker may be asked to run: its loader (from its command line) and the cell call
-# (from a client over the socket). Nothing else is importable through the socket: a frame
-# naming another ``module:function`` is refused. Tests add their own target modules through
-# TEST_TARGETS_ENV (a comma-separated list of module names), set only in the environment of
-# the workers they start.
-ALLOWED_LOADERS = frozenset({"safetyrepro.cells:load_runner"})
-ALLOWED_TARGETS = frozenset({"safetyrepro.cells:run_cell_in_worker"})
-TEST_TARGETS_ENV = "SAFETYREPRO_WORKER_TEST_TARGETS"
-
-
-def test_target_modules() -> frozenset[str]:
-    raw = os.environ.get(TEST_TARGETS_ENV, "")
-    return frozenset(m.strip() for m in raw.split(",") if m.strip())
-
-
-def is_allowed(spec: str, allowed: frozenset[str], test_modules: frozenset[str]) -> bool:
-    """Whether ``module:function`` is one of ``allowed``, or a function of a test module."""
-    module, sep, attr = str(spec).partition(":")
-    return spec in allowed or (bool(sep) and module in test_modules and "." not in attr
-                               and not attr.startswith("_"))
-
-
-def resolve_callable(spec: str) -> Callable[..., Any]:
-    """Import ``"package.module:function"`` (the attribute may be dotted)."""
-    module_name, sep, attr = str(spec).partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{spec!r} is not of the form 'module:function'")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"{spec!r} is not callable")
-    return obj
-
-
-def is_fatal(exc: BaseException) -> bool:
-    """Whether an exception from a call leaves the worker unusable (it then exits)."""
-    if not isinstance(exc, Exception):
-        return True
-    if getattr(exc, "worker_fatal", False):
-        return True
-    text = f"{type(exc).__name__}: {exc}"
-    return ("AcceleratorError" in text or "CUDA error" in text
-            or "device-side assert" in text or "CUBLAS_STATUS" in text)
-
-
-def _format_remote(exc: BaseException) -> str:
-    """The traceback without this module's own frame(s) on top."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next is not None:
-        tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
-
-
-def error_reply(exc: BaseException, phase: str, *, fatal: bool = False, retry: bool = False,
-                message: str | None = None) -> dict[str, Any]:
-    return {"ok": False, "phase": phase, "error_type": type(exc).__name__,
-            "safetyrepro_error": isinstance(exc, SafetyReproError),
-            "message": message if message is not None else str(exc),
-            "traceback": _format_remote(exc),
-            "fatal": fatal, "retry": retry,
-            # the worker's loaded code/data is stale for this call (it exits; a fresh one retries)
-            "stale": bool(getattr(exc, "worker_stale", False))}
-
-
-def _retry_reply(reason: str) -> dict[str, Any]:
-    return {"ok": False, "phase": "call", "error_type": "WorkerShuttingDown",
-            "safetyrepro_error": False, "message": f"worker is shutting down ({reason})",
-            "traceback": "", "fatal": False, "retry": True}
 
 
 def _client_gone(conn: socket.socket) -> bool:
@@ -229,8 +150,7 @@ class Worker:
         self.pid = os.getpid()
         self.host = hostname()
         self._key_lock = key_lock
-        self._device_lock: FileLock | None = None
-        self._device_slot: int | None = None
+        self._device = self._device_slot()
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[_Job] = collections.deque()
         self._draining = False
@@ -246,11 +166,14 @@ class Worker:
         self._started = time.time()
         self._last_activity = time.monotonic()
         self._listener: socket.socket | None = None
-        self._device_timeout: str | None = None
         self._runs: dict[str, float] = {}   # run id -> when its last call came (see RUN_ENV)
         self._acceptor: threading.Thread | None = None
 
     # ---- bookkeeping ------------------------------------------------------------------
+    def _device_slot(self) -> DeviceSlot:
+        return DeviceSlot(self.paths, self.slots, {"pid": self.pid, "key": self.key, "host": self.host},
+                          self.device_wait, self._event)
+
     def _event(self, event: str, **fields: Any) -> None:
         rec = {"event": event, "key": self.key, "pid": self.pid, "host": self.host,
                "t": time.time(), **fields}
@@ -275,7 +198,7 @@ class Worker:
             st.update({"loader": self.loader, "drain_reason": self._drain_reason,
                        "n_calls": self._n_calls, "uptime_s": round(time.time() - self._started, 3),
                        "runs": dict(self._runs),
-                       "load_seconds": self._load_seconds, "device_slot": self._device_slot,
+                       "load_seconds": self._load_seconds, "device_slot": self._device.slot,
                        "current": (self._current.label or self._current.target)
                        if self._current else None,
                        "idle_timeout": self.idle_timeout, "sock": str(self.paths.sock)})
@@ -402,7 +325,7 @@ class Worker:
                     if self._load_error is not None:
                         reply = self._load_error
                     elif self._draining:
-                        reply = _retry_reply(self._drain_reason or "draining")
+                        reply = retry_reply(self._drain_reason or "draining")
                     else:
                         if isinstance(req.get("run"), str):
                             self._runs[run_token(req["run"])] = time.time()
@@ -459,45 +382,19 @@ class Worker:
 
     def _acquire_device(self) -> bool:
         """Take a free device slot; False if the worker was told to stop before it got one
-        and no call is waiting for it."""
+        (queued calls are answered "retry") or the wait ran out."""
         self._phase = "waiting_device"
-        t0 = time.monotonic()
-        last_log = t0
-        locks = [FileLock(self.paths.device_lock(s)) for s in range(self.slots)]
-        while True:
-            for slot, lock in enumerate(locks):
-                if lock.acquire(timeout=0):
-                    lock.write_holder({"pid": self.pid, "key": self.key, "host": self.host,
-                                       "t": time.time(), "state_dir": str(self.paths.state_dir)})
-                    self._device_lock, self._device_slot = lock, slot
-                    waited = time.monotonic() - t0
-                    if waited > 1:
-                        log.info("got device slot %d after waiting %.1f s", slot, waited)
-                    self._event("device", slot=slot, waited_s=round(waited, 6))
-                    return True
+
+        def stop_requested() -> bool:
             with self._cond:
                 if self._draining:
                     # Told to stop before loading: do not load just to serve the queue (the
-                    # device holder may be idle with nobody asking it to leave). Queued
-                    # calls are answered "retry"; their clients start a fresh worker.
+                    # device holder may be idle with nobody asking it to leave).
                     log.info("stopping before loading (%s); %d queued call(s) will be retried",
                              self._drain_reason, len(self._queue))
-                    return False
-            now = time.monotonic()
-            if self.device_wait is not None and now - t0 >= self.device_wait:
-                holders = "; ".join(_describe_holder(lk.path) for lk in locks)
-                message = (f"waited {now - t0:.0f} s (runtime.device_wait_s) for the device to load "
-                           f"{self.key}; it is held by {holders}. Stop that worker (`safetyrepro "
-                           "worker stop`, with its state folder) or wait for it to finish, then rerun")
-                log.error(message)
-                self._event("device_timeout", waited_s=round(now - t0, 3))
-                self._device_timeout = message
-                return False
-            if now - last_log >= DEVICE_LOG_EVERY_S:
-                holders = [read_holder(lk.path) for lk in locks]
-                log.info("waiting %.0f s for the device, held by %s", now - t0, holders)
-                last_log = now
-            time.sleep(DEVICE_POLL_S)
+                return self._draining
+
+        return self._device.acquire(stop_requested)
 
     def _load(self) -> bool:
         self._phase = "loading"
@@ -579,7 +476,7 @@ class Worker:
                 if got:
                     self._cond.release()
             for other in waiting:
-                self._send_and_close(other, encode_message(_retry_reply("call timeout")))
+                self._send_and_close(other, encode_message(retry_reply("call timeout")))
             try:
                 os.unlink(self.paths.sock)
             except OSError:
@@ -679,7 +576,7 @@ class Worker:
             waiting = list(self._queue)
             self._queue.clear()
         for job in waiting:
-            self._send_and_close(job, encode_message(_retry_reply(reason)))
+            self._send_and_close(job, encode_message(retry_reply(reason)))
 
     def _finish(self, code: int, reason: str) -> None:
         self.request_drain(reason)
@@ -700,6 +597,7 @@ class Worker:
     def run(self, on_ready: Callable[[], None] | None = None) -> int:
         """Serve until drained; returns the process exit code."""
         self.pid = os.getpid()          # after a fork, the child's
+        self._device = self._device_slot()
         self._started = time.time()
         self._write_pid_file()
         self._bind()
@@ -716,9 +614,9 @@ class Worker:
         code, reason = EXIT_OK, "exit"
         try:
             if not self._acquire_device():
-                if self._device_timeout is not None:
+                if self._device.timeout_message is not None:
                     code, reason = EXIT_FAILED, "device wait timed out"
-                    self._fail_with(self._device_timeout, "DeviceBusy")
+                    self._fail_with(self._device.timeout_message, "DeviceBusy")
                 else:
                     reason = self._drain_reason or "stopped"
             elif not self._load():
