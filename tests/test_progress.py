@@ -6,22 +6,37 @@ import time
 
 import pytest
 
-from safetyrepro.progress import RunProgress, estimate_seconds, kind_of, planned_shards
+from safetyrepro.progress import PlannedCell, RunProgress, estimate_seconds, group_of, kind_of, planned_shards
 
 
-def test_estimate_uses_the_closest_done_cells():
-    done = [(("a", "T1", "freeform"), 2.0), (("a", "T1", "freeform"), 4.0),   # a T1: mean 3
-            (("a", "T4", "freeform"), 12.0),                                    # a T4: 12
-            (("b", "T1", "freeform"), 9.0)]                                     # b: 3x slower on T1
-    assert estimate_seconds([], [("a", "T1", "freeform")]) is None
-    assert estimate_seconds(done, [("a", "T1", "freeform")]) == pytest.approx(3.0)
-    # b has no T4 cell yet: its own mean (9) times how T4 compares overall (12 / 6.75)
-    assert estimate_seconds(done, [("b", "T4", "freeform")]) == pytest.approx(9.0 * 12.0 / 6.75)
-    # a model not started yet: the kind's mean over the models that ran it
-    assert estimate_seconds(done, [("c", "T1", "freeform")]) == pytest.approx((2 + 4 + 9) / 3)
-    # nothing like it: the overall mean
-    assert estimate_seconds(done, [("c", "T2", "logprob")]) == pytest.approx(6.75)
+def test_estimate_costs_decode_groups_not_started_from_the_closest_kind():
+    ga, ga2, ga4, gb = ("main", "a", "bbq", "T1", "k0"), ("main", "a", "bbq", "T1", "k3"), \
+        ("main", "a", "bbq", "T4", "k0"), ("main", "b", "bbq", "T1", "k0")
+    sizes = {ga: 4, ga2: 4, ga4: 2, gb: 2, ("main", "c", "bbq", "T1", "k0"): 2, ("main", "c", "bbq", "T2-greedy-k0-logprob", 0): 1}
+    a1, a4, b1 = ("a", "T1", "freeform"), ("a", "T4", "freeform"), ("b", "T1", "freeform")
+    done = [(a1, ga, 8.0), (a1, ga, 0.1),          # a T1 k0: the group leader decoded all 4 cells
+            (a1, ga2, 4.0),                         # a T1 k3: 1 per cell
+            (a4, ga4, 12.0),                        # a T4: 6 per cell
+            (b1, gb, 12.0)]                         # b T1: 6 per cell
+    assert estimate_seconds([], [(a1, ga)], sizes) is None
+    # a cell of a started group costs nothing more; a new a T1 group of 4: mean rate (2.025+1) x 4
+    assert estimate_seconds(done, [(a1, ga), (a1, ga2)], sizes) == 0.0
+    new = ("main", "a", "truthfulqa", "T1", "k0")
+    sizes[new] = 4
+    assert estimate_seconds(done, [(a1, new)] * 4, sizes) == pytest.approx(4 * (8.1 / 4 + 1.0) / 2)
+    # b has no T4 group yet: its own rate (6) times how T4 compares overall
+    overall = (8.1 / 4 + 1.0 + 6.0 + 6.0) / 4
+    gb4 = ("main", "b", "bbq", "T4", "k0")
+    assert estimate_seconds(done, [(("b", "T4", "freeform"), gb4)], sizes) == pytest.approx(6.0 * 6.0 / overall)
+    # a model not started yet: the kind's rate over the models that ran it
+    gc = ("main", "c", "bbq", "T1", "k0")
+    assert estimate_seconds(done, [(("c", "T1", "freeform"), gc)], sizes) == pytest.approx((8.1 / 4 + 1.0 + 6.0) / 3)
+    # nothing like it: the overall rate
+    gl = ("main", "c", "bbq", "T2-greedy-k0-logprob", 0)
+    assert estimate_seconds(done, [(("c", "T2", "logprob"), gl)], sizes) == pytest.approx(overall)
     assert kind_of("m", "T4-t0.7-k5-freeform") == ("m", "T4", "freeform")
+    assert group_of("main", "m", "bbq", "T4-t0.7-k5-freeform", 3) == group_of("main", "m", "bbq", "T4-greedy-k5-freeform", 0)
+    assert group_of("main", "m", "bbq", "T4-greedy-k5-logprob", 0) != group_of("bf16", "m", "bbq", "T4-greedy-k5-logprob", 0)
 
 
 def _event(path, label, t_start, seconds):
@@ -35,7 +50,7 @@ def test_line_counts_only_this_runs_cells_and_estimates_the_rest(tmp_path):
     results = tmp_path / "results"
     events = results / ".workers" / "node" / "events.jsonl"
     events.parent.mkdir(parents=True)
-    shards = [(results / f"s{i}.parquet", "m", cfg) for i, cfg in
+    shards = [PlannedCell(results / f"s{i}.parquet", "m", "truthfulqa", cfg, 0) for i, cfg in
               enumerate(["T1-greedy-k0-freeform", "T1-greedy-k3-freeform", "T4-greedy-k0-freeform",
                          "T1-greedy-k5-freeform"])]
     shards[3][0].write_bytes(b"x")          # done before this run: not counted
@@ -44,9 +59,9 @@ def test_line_counts_only_this_runs_cells_and_estimates_the_rest(tmp_path):
     t = prog.t0 + 1
     shards[0][0].write_bytes(b"x")
     _event(events, "m/truthfulqa/T1-greedy-k0-freeform/s0 (main, nf4)", t, 10.0)
-    line = prog.line(now=t + 20.0)           # 20 s wall for 10 s of calls: overhead factor 2
+    line = prog.line(now=t + 20.0)           # 20 s wall for 10 s of calls: 10 s hand-off per job
     assert "cells 1 of 3 (33%)" in line
-    # left: one T1 cell (10 s) and one T4 cell (no T4 seen: the model's mean, 10 s), times 2
+    # left: one T1 group (10 s) and one T4 group (no T4 seen: the model's rate, 10 s), each + 10 s
     assert "about 0.7 min left" in line, line
     # an event from before the run started is not this run's
     _event(events, "m/truthfulqa/T1-greedy-k3-freeform/s0 (main, nf4)", prog.t0 - 100, 1000.0)
@@ -66,9 +81,8 @@ def test_a_stale_shard_counts_as_a_cell_to_compute(tmp_path):
     shard(stale, "old")
     (tmp_path / "garbled.parquet").write_bytes(b"not parquet")
     time.sleep(1.1)     # both written well before the run starts
-    prog = RunProgress(tmp_path, [(current, "m", "T1-greedy-k0-freeform", "new"),
-                                  (stale, "m", "T1-greedy-k0-freeform", "new"),
-                                  (tmp_path / "garbled.parquet", "m", "T1-greedy-k0-freeform", "new")])
+    prog = RunProgress(tmp_path, [PlannedCell(p, "m", "bbq", "T1-greedy-k0-freeform", 0, "main", "new")
+                                  for p in (current, stale, tmp_path / "garbled.parquet")])
     assert "cells 0 of 2 (0%)" in prog.line()
     shard(stale, "new")   # the workflow rewrites it
     assert "cells 1 of 2 (50%)" in prog.line()
@@ -78,7 +92,8 @@ def test_nothing_to_do_prints_nothing(tmp_path):
     p = tmp_path / "done.parquet"
     p.write_bytes(b"x")
     out = io.StringIO()
-    prog = RunProgress(tmp_path, [(p, "m", "T1-greedy-k0-freeform")], every=0.01, stream=out).start()
+    prog = RunProgress(tmp_path, [PlannedCell(p, "m", "bbq", "T1-greedy-k0-freeform", 0)], every=0.01,
+                       stream=out).start()
     time.sleep(0.05)
     prog.stop()
     assert prog.line() is None and out.getvalue() == ""
@@ -91,7 +106,11 @@ def test_planned_shards_cover_every_cell_of_the_run(default_cfg):
     shards = planned_shards(plan)
     n = len(plan.jobs("main")) + (len(plan.jobs("bf16")) if plan.precision_check else 0)
     assert len(shards) == n == len({p for p, *_ in shards})
-    assert all(str(p).startswith(str(plan.layout.results)) for p, *_ in shards)
-    p, m, c, fp = shards[0]
+    assert all(str(c.path).startswith(str(plan.layout.results)) for c in shards)
     j = plan.jobs("main")[0]
-    assert fp == plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed)
+    assert shards[0].fingerprint == plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed)
+    # the groups counted are the plan's decode groups
+    c = next(c for c in shards if c.config_id.endswith("freeform"))
+    size = sum(n for _, n in plan.decode_group(c.benchmark, c.config_id, c.variant))
+    assert sum(group_of(*x[5:6], *x[1:5]) == group_of(c.variant, c.model, c.benchmark, c.config_id, c.seed)
+               for x in shards) == size

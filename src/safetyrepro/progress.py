@@ -2,12 +2,13 @@
 the cells done so far (the model workers' ``call`` events), printed every minute by the
 workflow's Snakemake process.
 
-Cells differ a lot in cost (a decode group's first cell decodes the whole group, a 0.5B model
-is several times slower than a 135M one, chain-of-thought decodes 5x longer), so the estimate
-is per cell kind: a cell left is costed at the mean of the done cells of its (model, template,
-scoring); failing that, its model's mean scaled by how that kind compares over all models; then
-the kind's mean; then the overall mean. The job hand-off around the calls is added as the
-ratio of wall time to call time so far.
+Cells differ a lot in cost: a decode group's first cell decodes the whole group (up to 11
+cells) and the others only collect their rows, a 0.5B model is several times slower than a 135M
+one, chain-of-thought decodes 5x longer. So the compute left is costed per decode group: a group
+not started yet costs its cells times the per-cell rate (call seconds of a started group /
+its cells) of its (model, template, scoring); failing that, its model's rate scaled by how that
+kind compares over all models; then the kind's rate; then the overall rate. Each job left adds
+the hand-off seen so far (wall time not inside a call, per call done).
 """
 
 from __future__ import annotations
@@ -19,9 +20,21 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
-LABEL = re.compile(r"^(?P<model>[^/]+)/(?P<benchmark>[^/]+)/(?P<config>[^/ ]+)/s\d+ ")
+LABEL = re.compile(r"^(?P<model>[^/]+)/(?P<benchmark>[^/]+)/(?P<config>[^/ ]+)/s(?P<seed>\d+) "
+                   r"\((?P<variant>[^,)]+)")
 Kind = tuple[str, str, str]   # (model, template, scoring)
+
+
+class PlannedCell(NamedTuple):
+    path: Path
+    model: str
+    benchmark: str
+    config_id: str
+    seed: int
+    variant: str = "main"
+    fingerprint: str | None = None   # expected in the shard; None: any existing shard counts as done
 
 
 def kind_of(model: str, config_id: str) -> Kind:
@@ -29,25 +42,47 @@ def kind_of(model: str, config_id: str) -> Kind:
     return model, parts[0], parts[-1]
 
 
-def estimate_seconds(done: list[tuple[Kind, float]], left: list[Kind]) -> float | None:
-    """Seconds of cell calls that ``left`` will take, from the ``done`` calls (kind, seconds);
-    None before any call finished."""
+def group_of(variant: str, model: str, benchmark: str, config_id: str, seed: int) -> tuple:
+    """The decode group a cell is computed in: a free-form cell's template, shots and scoring
+    (every decoding and seed of them decode together, :meth:`.plan.Plan.decode_group`); a
+    logprob cell alone."""
+    parts = config_id.split("-")
+    if parts[-1] == "freeform":
+        return variant, model, benchmark, parts[0], parts[2]
+    return variant, model, benchmark, config_id, int(seed)
+
+
+def estimate_seconds(done: list[tuple[Kind, tuple, float]], left: list[tuple[Kind, tuple]],
+                     sizes: dict[tuple, int]) -> float | None:
+    """Seconds of cell calls that the cells ``left`` (kind, group) will take, from the ``done``
+    calls (kind, group, seconds); ``sizes``: planned cells per group. A group with a done call
+    has done its decoding: its other cells cost nothing here. None before any call finished."""
     if not done:
         return None
+    spent: dict[tuple, float] = defaultdict(float)
+    kind_of_group: dict[tuple, Kind] = {}
+    for kind, group, sec in done:
+        spent[group] += sec
+        kind_of_group[group] = kind
     by_kind: dict[Kind, list[float]] = defaultdict(list)
     by_model: dict[str, list[float]] = defaultdict(list)
     by_shape: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for kind, sec in done:
-        by_kind[kind].append(sec)
-        by_model[kind[0]].append(sec)
-        by_shape[kind[1:]].append(sec)
+    rates = []
+    for group, sec in spent.items():   # one per-cell rate per started group
+        kind, rate = kind_of_group[group], sec / max(1, sizes.get(group, 1))
+        by_kind[kind].append(rate)
+        by_model[kind[0]].append(rate)
+        by_shape[kind[1:]].append(rate)
+        rates.append(rate)
 
     def mean(xs):
         return sum(xs) / len(xs)
 
-    overall = mean([s for _, s in done])
+    overall = mean(rates)
     total = 0.0
-    for kind in left:
+    for kind, group in left:
+        if group in spent:
+            continue
         if kind in by_kind:
             total += mean(by_kind[kind])
         elif kind[0] in by_model:
@@ -60,6 +95,18 @@ def estimate_seconds(done: list[tuple[Kind, float]], left: list[Kind]) -> float 
     return total
 
 
+def seconds_left(done: list[tuple[Kind, tuple, float]], left: list[tuple[Kind, tuple]], sizes: dict[tuple, int],
+                 first_call: float, now: float) -> float | None:
+    """The estimate the progress line prints: the compute left (:func:`estimate_seconds`) plus,
+    per job left, the wall time since the first call not spent inside a call (job hand-off,
+    model loads) per call done."""
+    est = estimate_seconds(done, left, sizes)
+    if est is None:
+        return None
+    per_job = max(0.0, now - first_call - sum(sec for *_, sec in done)) / len(done)
+    return est + per_job * len(left)
+
+
 def format_minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5940 else f"{seconds / 3600:.1f} h"
 
@@ -67,18 +114,21 @@ def format_minutes(seconds: float) -> str:
 class RunProgress:
     """Watches a run's shards appear and prints one progress line every ``every`` seconds.
 
-    ``shards``: (shard path, model, config id, expected fingerprint or None) of every planned
-    cell; a shard present at start with the expected fingerprint is not counted (a partial
-    rerun counts only its own cells), and a counted cell is done once its shard is written after
-    the start. ``every`` defaults to ``$SAFETYREPRO_PROGRESS_S`` or 60."""
+    ``cells``: every planned cell (:class:`PlannedCell`); a shard present at start with the
+    expected fingerprint is not counted (a partial rerun counts only its own cells), and a
+    counted cell is done once its shard is written after the start. ``every`` defaults to
+    ``$SAFETYREPRO_PROGRESS_S`` or 60."""
 
-    def __init__(self, results_dir, shards: list[tuple], *, every: float | None = None,
+    def __init__(self, results_dir, cells: list[PlannedCell], *, every: float | None = None,
                  stream=None):
         self.results = Path(results_dir)
         self.t0 = time.time()
         self.every = every if every is not None else float(os.environ.get("SAFETYREPRO_PROGRESS_S") or 60)
         self.stream = stream if stream is not None else sys.stderr
-        self.todo = [(Path(p), m, c) for p, m, c, *fp in shards if not _current(Path(p), fp[0] if fp else None)]
+        self.todo = [c for c in cells if not _current(Path(c.path), c.fingerprint)]
+        self.sizes: dict[tuple, int] = defaultdict(int)
+        for c in cells:
+            self.sizes[group_of(c.variant, c.model, c.benchmark, c.config_id, c.seed)] += 1
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -89,23 +139,24 @@ class RunProgress:
         if not self.todo:
             return None
         now = time.time() if now is None else now
-        left = [kind_of(m, c) for p, m, c in self.todo if not _written_since(p, self.t0)]
+        left = [(kind_of(c.model, c.config_id), group_of(c.variant, c.model, c.benchmark, c.config_id, c.seed))
+                for c in self.todo if not _written_since(Path(c.path), self.t0)]
         n_done = len(self.todo) - len(left)
         events, _ = read_events(event_files(self.results), since=self.t0)
         done = []
         for ev in events:
             m = LABEL.match(str(ev.get("label", ""))) if ev.get("event") == "call" else None
             if m and ev.get("ok", True):
-                done.append((kind_of(m["model"], m["config"]), float(ev.get("seconds", 0.0))))
+                done.append((kind_of(m["model"], m["config"]),
+                             group_of(m["variant"], m["model"], m["benchmark"], m["config"], int(m["seed"])),
+                             float(ev.get("seconds", 0.0))))
         elapsed = now - self.t0
         head = f"[progress] cells {n_done} of {len(self.todo)} ({n_done / len(self.todo):.0%}), {format_minutes(elapsed)} elapsed"
-        calls = sum(s for _, s in done)
-        est = estimate_seconds(done, left)
-        if est is None or calls <= 0:
+        first = min((float(ev.get("t_start", ev["t"])) for ev in events if ev.get("event") == "call"), default=now)
+        left_s = seconds_left(done, left, self.sizes, first, now)
+        if left_s is None:
             return head + "; time left: estimated once cells are done"
-        first = min(float(ev.get("t_start", ev["t"])) for ev in events if ev.get("event") == "call")
-        overhead = max(1.0, (now - first) / calls)   # job hand-off, loads, analysis around the calls
-        return head + f"; about {format_minutes(est * overhead)} left (from the {len(done)} cells done so far)"
+        return head + f"; about {format_minutes(left_s)} left (from the {len(done)} cells done so far)"
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -150,10 +201,9 @@ def _written_since(path: Path, t0: float) -> bool:
         return False
 
 
-def planned_shards(plan) -> list[tuple[Path, str, str, str]]:
-    """(shard path, model, config id, expected fingerprint) of every cell of the run (main, and
-    bf16 when on)."""
+def planned_shards(plan) -> list[PlannedCell]:
+    """Every cell of the run (main, and bf16 when on) with its shard and expected fingerprint."""
     variants = ["main"] + (["bf16"] if plan.precision_check else [])
-    return [(plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed, v), j.model, j.config.id,
-             plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, v))
+    return [PlannedCell(plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed, v), j.model, j.benchmark,
+                        j.config.id, j.seed, v, plan.cell_fingerprint(j.model, j.benchmark, j.config.id, j.seed, v))
             for v in variants for j in plan.jobs(v)]
