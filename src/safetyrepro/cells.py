@@ -92,11 +92,15 @@ class ModelCellRunner:
         from .models import load_model
         from .models.load import compute_threads
         from .fingerprints import inference_code
+        from .inference.backend import FakeBackend
 
         # The inference code this worker runs is the code it imported now: its hash is taken
         # now, not from the disk at the end of a call (which may hold an edit made since).
         runner = cls(loaded_code=inference_code())
         cfg = runner.run_config(config_path)
+        if cfg.model(model)["source"]["kind"] == "fake":   # no model: the workflow on a stand-in
+            runner._backend = FakeBackend(model, quantization or cfg.quantization(model))
+            return runner
         torch.set_num_threads(compute_threads(cfg))
         runner.lm = load_model(cfg, model, quantization=quantization)
         return runner

@@ -194,6 +194,10 @@ def _check_against_rules(cfg: RunConfig) -> None:
     if missing:
         raise ConfigError(cfg.path, "generation.max_new_tokens", f"missing templates {missing}")
     _check_scale_probe(cfg)
+    fake = [m for m in cfg.models if cfg.model(m)["source"]["kind"] == "fake"]
+    if fake and cfg.section("analysis")["cross_package"]:
+        raise ConfigError(cfg.path, "analysis.cross_package",
+                          f"the cross-package stage loads real models; {fake} have source kind 'fake'")
 
 
 def _check_scale_probe(cfg: RunConfig) -> None:

@@ -87,8 +87,9 @@ def _digest(*parts) -> bytes:
 @dataclass
 class FakeBackend:
     """A deterministic stand-in for a model, without tokenizer or weights: a generation is a
-    few words picked by the hash of (prompt, stream temperature, top_p, seed); a candidate's
-    log-likelihood a number from the hash of (context, candidate). Tokens are whitespace words.
+    few words picked by the hash of (model key, quantization, prompt, stream temperature, top_p,
+    seed); a candidate's log-likelihood a number from the hash of (model key, quantization,
+    context, candidate), so two fake models answer differently. Tokens are whitespace words.
     ``model_key`` / ``quantization`` / ``weights_hash``: what its ``info`` names (a cell checks
     the model it asked for, and the weights its fingerprint names)."""
     model_key: str
@@ -111,7 +112,7 @@ class FakeBackend:
         for st in streams:
             gens = []
             for prompt in prompts:
-                h = _digest(prompt, st.temperature, st.top_p, st.seed)
+                h = _digest(self.model_key, self.quantization, prompt, st.temperature, st.top_p, st.seed)
                 n = 1 + h[0] % max(1, max_new_tokens)
                 words = [FAKE_WORDS[b % len(FAKE_WORDS)] for b in h[1:1 + n]]
                 gens.append(Generation(" ".join(words), self.count_tokens(prompt), len(words),
@@ -124,7 +125,7 @@ class FakeBackend:
         for ctx, cands in zip(contexts, candidates):
             row = []
             for cand in cands:
-                h = _digest(ctx, cand)
+                h = _digest(self.model_key, self.quantization, ctx, cand)
                 row.append(CandidateScore(-int.from_bytes(h[:4], "big") / 2**28,
                                           max(1, self.count_tokens(cand)), False))
             best = max(range(len(row)), key=lambda j: row[j].loglik) if row else None

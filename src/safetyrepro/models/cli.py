@@ -36,6 +36,11 @@ def register(app: typer.Typer) -> None:
         require_device(cfg)  # runtime.device: cuda without a GPU: stop before downloading
         records = {}
         for key in model or cfg.models:
+            if cfg.model(key)["source"]["kind"] == "fake":   # nothing to prepare: no weights
+                typer.echo(f"{key}\tfake (no model)")
+                records[key] = {"path": None, "weights_hash": None, "chat_template_hash": None,
+                                "source_fingerprint": plan.fingerprints.source_fingerprint(key)}
+                continue
             path = prepare_model(cfg, key, progress=not quiet)
             typer.echo(f"{key}\t{path}")
             records[key] = {"path": str(path),

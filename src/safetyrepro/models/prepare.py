@@ -36,6 +36,8 @@ def prepare_model(cfg, key: str, *, progress: bool = True) -> Path:
     kind = source["kind"]
     if kind == "local":
         return prepare_local(cfg, key, source)
+    if kind == "fake":
+        raise ConfigError(cfg.path, f"models.{key}.source.kind", "a fake model has nothing to load")
     if kind not in BUILT_KINDS:
         raise ConfigError(cfg.path, f"models.{key}.source.kind", f"unknown source kind {kind!r}")
     folder_of, prepared, build = BUILT_KINDS[kind]
