@@ -101,7 +101,8 @@ def main(argv=None) -> int:
         left = [(progress.kind_of(c.model, c.config_id),
                  progress.group_of(c.variant, c.model, c.benchmark, c.config_id, c.seed))
                 for c in cells if written[c] > t]
-        new = progress.seconds_left(done, left, sizes, first, t)
+        last = max((te for te, *_ in calls if te <= t), default=t)
+        new = progress.seconds_left(done, left, sizes, first, last, t)
         old = baseline_seconds_left(base, done, left, t, first)
         rows.append({"minute": round((t - first) / 60, 1), "cells_done": len(cells) - len(left),
                      "actual_min": round((end - t) / 60, 2),

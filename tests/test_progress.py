@@ -58,14 +58,19 @@ def test_line_counts_only_this_runs_cells_and_estimates_the_rest(tmp_path):
     assert "cells 0 of 3 (0%)" in prog.line() and "estimated once cells are done" in prog.line()
     t = prog.t0 + 1
     shards[0][0].write_bytes(b"x")
-    _event(events, "m/truthfulqa/T1-greedy-k0-freeform/s0 (main, nf4)", t, 10.0)
-    line = prog.line(now=t + 20.0)           # 20 s wall for 10 s of calls: 10 s hand-off per job
-    assert "cells 1 of 3 (33%)" in line
-    # left: one T1 group (10 s) and one T4 group (no T4 seen: the model's rate, 10 s), each + 10 s
-    assert "about 0.7 min left" in line, line
+    shards[1][0].write_bytes(b"x")
+    # two 60 s calls with 36 s of hand-off between them: 18 s per job
+    _event(events, "m/truthfulqa/T1-greedy-k0-freeform/s0 (main, nf4)", t, 60.0)
+    _event(events, "m/truthfulqa/T1-greedy-k3-freeform/s0 (main, nf4)", t + 96, 60.0)
+    line = prog.line(now=t + 156.0)
+    assert "cells 2 of 3 (67%)" in line
+    # left: the T4 group (no T4 seen: the model's rate, 60 s) + 18 s hand-off = 78 s
+    assert "about 1.3 min left" in line, line
+    # 30 s later those 30 s were spent on it
+    assert "about 0.8 min left" in prog.line(now=t + 186.0)
     # an event from before the run started is not this run's
-    _event(events, "m/truthfulqa/T1-greedy-k3-freeform/s0 (main, nf4)", prog.t0 - 100, 1000.0)
-    assert "about 0.7 min left" in prog.line(now=t + 20.0)
+    _event(events, "m/truthfulqa/T4-greedy-k0-freeform/s0 (main, nf4)", prog.t0 - 100, 1000.0)
+    assert "about 1.3 min left" in prog.line(now=t + 156.0)
 
 
 def test_a_stale_shard_counts_as_a_cell_to_compute(tmp_path):

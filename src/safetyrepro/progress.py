@@ -96,15 +96,16 @@ def estimate_seconds(done: list[tuple[Kind, tuple, float]], left: list[tuple[Kin
 
 
 def seconds_left(done: list[tuple[Kind, tuple, float]], left: list[tuple[Kind, tuple]], sizes: dict[tuple, int],
-                 first_call: float, now: float) -> float | None:
+                 first_call: float, last_call_end: float, now: float) -> float | None:
     """The estimate the progress line prints: the compute left (:func:`estimate_seconds`) plus,
-    per job left, the wall time since the first call not spent inside a call (job hand-off,
-    model loads) per call done."""
+    per job left, the wall time between the first call's start and the last done call's end not
+    spent inside a call (job hand-off, model loads) per call done; less the time since the last
+    call ended, already spent on what is left (a call still running, a hand-off)."""
     est = estimate_seconds(done, left, sizes)
     if est is None:
         return None
-    per_job = max(0.0, now - first_call - sum(sec for *_, sec in done)) / len(done)
-    return est + per_job * len(left)
+    per_job = max(0.0, last_call_end - first_call - sum(sec for *_, sec in done)) / len(done)
+    return max(0.0, est + per_job * len(left) - max(0.0, now - last_call_end))
 
 
 def format_minutes(seconds: float) -> str:
@@ -152,8 +153,10 @@ class RunProgress:
                              float(ev.get("seconds", 0.0))))
         elapsed = now - self.t0
         head = f"[progress] cells {n_done} of {len(self.todo)} ({n_done / len(self.todo):.0%}), {format_minutes(elapsed)} elapsed"
-        first = min((float(ev.get("t_start", ev["t"])) for ev in events if ev.get("event") == "call"), default=now)
-        left_s = seconds_left(done, left, self.sizes, first, now)
+        calls = [ev for ev in events if ev.get("event") == "call"]
+        first = min((float(ev.get("t_start", ev["t"])) for ev in calls), default=now)
+        last = max((float(ev["t"]) for ev in calls), default=now)
+        left_s = seconds_left(done, left, self.sizes, first, last, now)
         if left_s is None:
             return head + "; time left: estimated once cells are done"
         return head + f"; about {format_minutes(left_s)} left (from the {len(done)} cells done so far)"
