@@ -12,6 +12,7 @@ ratio of wall time to call time so far.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -19,6 +20,8 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from .worker.events import event_files, read_events
 
 LABEL = re.compile(r"^(?P<model>[^/]+)/(?P<benchmark>[^/]+)/(?P<config>[^/ ]+)/s\d+ ")
 Kind = tuple[str, str, str]   # (model, template, scoring)
@@ -84,8 +87,6 @@ class RunProgress:
 
     def line(self, now: float | None = None) -> str | None:
         """The progress line now; None when this run has no cell to compute."""
-        from .worker.events import event_files, read_events
-
         if not self.todo:
             return None
         now = time.time() if now is None else now
@@ -132,8 +133,6 @@ def _current(path: Path, fingerprint: str | None) -> bool:
         return False
     if fingerprint is None:
         return True
-    import json
-
     import pyarrow.parquet as pq  # deferred: only the workflow's Snakemake process needs it
 
     try:
