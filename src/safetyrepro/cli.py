@@ -163,7 +163,7 @@ def run_cell(
                                       config_id=config_id, seed=seed, out=str(out.resolve()), variant=variant)
     else:
         from .cells import run_cell as run  # deferred: numpy/pyarrow, torch when run
-        from .plan import Plan  # deferred: ~30 ms of start-up (tasks, fingerprints)
+        from .plan import Plan  # deferred: ~30 ms of CLI start-up (tasks, fingerprints)
 
         plan = Plan(load_config(config_path))
         summary = run(plan.cell_request(model, benchmark, config_id, seed, out, variant))
@@ -184,7 +184,7 @@ def aggregate(
 
     cfg = load_config(config_path)
     if inputs is None:
-        from .plan import Plan  # deferred: ~30 ms of start-up (tasks, fingerprints)
+        from .plan import Plan  # deferred: ~30 ms of CLI start-up (tasks, fingerprints)
 
         listed = Plan(cfg).aggregate_inputs(variant)
     else:
