@@ -4,6 +4,8 @@ Python API (imported on first use, so ``import safetyrepro`` stays cheap):
 ``safetyrepro.certify(df_or_path, config_cols=..., alpha=..., ...)`` -> ``CertifyResult``;
 ``read_lmeval(...)``, ``read_inspect(...)``, ``read_helm(...)`` -> the item-level DataFrame."""
 
+from importlib import import_module as _import_module
+
 __version__ = "0.1.0"
 
 # name -> (module, attribute); ``certify`` is the module itself, which is callable
@@ -20,10 +22,8 @@ __all__ = ["__version__", *_API]
 def __getattr__(name: str):
     if name not in _API:
         raise AttributeError(f"module 'safetyrepro' has no attribute {name!r}")
-    from importlib import import_module  # here: the many short cell-job processes skip it
-
     module, attr = _API[name]
-    mod = import_module(module)
+    mod = _import_module(module)
     return mod if attr is None else getattr(mod, attr)
 
 

@@ -18,12 +18,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
 from .aggregate_inputs import AggregateInputs
 from .errors import ShardError
-from .io import write_parquet
-from .provenance import code_stamp, code_version
+from .fingerprints import scoring_fingerprint
+from .grid import Job, config_of
+from .io import write_csv, write_parquet
+from .items import read_items
+from .provenance import code_stamp, code_version, format_code_version
+from .results_layout import aggregate_outputs
 from .rules import AXES
+from .shards import read_shard
+from .sysutil import atomic_write_text
+from .tasks import load_task
 
 
 def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
@@ -91,14 +99,6 @@ def aggregate(cfg, inputs: AggregateInputs, progress: bool = True):
 
 def _aggregate(cfg, inputs: AggregateInputs, progress: bool):
     """:func:`aggregate`'s results and the metadata of every shard read ({path: dict})."""
-    from tqdm import tqdm
-
-    from .grid import Job, config_of
-    from .items import read_items
-    from .fingerprints import scoring_fingerprint
-    from .shards import read_shard
-    from .tasks import load_task
-
     variant, item_files = inputs.variant, inputs.items
     benchmarks = list(item_files)
     unlisted = sorted({e.benchmark for e in inputs.shards} - set(benchmarks))
@@ -220,9 +220,6 @@ def _aggregate(cfg, inputs: AggregateInputs, progress: bool):
 
 def provenance_records(cfg, items: dict[str, str | Path], metas: dict[str, dict]) -> dict:
     """{model: {benchmark: record}} for the GRID cards, gathered from the shards' metadata."""
-    from .provenance import format_code_version
-    from .tasks import load_task
-
     out: dict = {}
     for m in metas.values():
         model, b = m["model"], m["benchmark"]
@@ -258,16 +255,11 @@ def provenance_records(cfg, items: dict[str, str | Path], metas: dict[str, dict]
 
 def write_aggregate(cfg, inputs: AggregateInputs, out_dir: str | Path) -> dict:
     """Write :func:`aggregate`'s tables to :func:`.results_layout.aggregate_outputs` of ``out_dir``."""
-    from .results_layout import aggregate_outputs
-
     cells, items_df, meta, metas = _aggregate(cfg, inputs, progress=True)
     paths = aggregate_outputs(out_dir, inputs.variant)
     write_parquet(cells, paths["cell_scores"], meta)
     write_parquet(items_df, paths["item_results"], meta | {"kind": "item_results"})
     if inputs.variant == "main":
-        from .io import write_csv
-        from .sysutil import atomic_write_text
-
         write_csv(cells, paths["cell_scores_csv"])
         atomic_write_text(paths["provenance"],
                           json.dumps(provenance_records(cfg, inputs.items, metas), indent=2, sort_keys=True))

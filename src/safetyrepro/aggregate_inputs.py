@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import ShardError
+from .sysutil import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,6 @@ class AggregateInputs:
 
 def write_inputs(path: str | Path, inputs: AggregateInputs) -> None:
     """Write ``inputs`` as JSON, atomically (the workflow's list for the aggregation job)."""
-    from .sysutil import atomic_write_text
-
     atomic_write_text(path, json.dumps({"variant": inputs.variant, "items": inputs.items,
                                         "shards": [asdict(e) for e in inputs.shards]}, indent=0))
 

@@ -39,7 +39,7 @@ def read_lmeval(paths: PathLike | Iterable[PathLike], metric: str | None = None,
     ``results_*.json`` files -> the item-level table (model, benchmark, config, item, score and
     the axis columns), ready for :func:`certify` (``config_cols=df.attrs["axes"]``). A task with
     several filter pipelines gives a ``filter`` axis unless ``filter_name`` keeps one."""
-    from .crosspkg.importers import import_lmeval
+    from .crosspkg.importers import import_lmeval  # deferred: pandas; import safetyrepro stays light
 
     return _table(import_lmeval(_paths(paths), metric, benchmark, filter_name))
 
@@ -47,7 +47,7 @@ def read_lmeval(paths: PathLike | Iterable[PathLike], metric: str | None = None,
 def read_inspect(paths: PathLike | Iterable[PathLike], metric: str | None = None,
                  benchmark: str | None = None) -> "pd.DataFrame":
     """Inspect eval logs (``.eval``/``.json``) or folders of them -> the item-level table."""
-    from .crosspkg.importers import import_inspect
+    from .crosspkg.importers import import_inspect  # deferred: pandas; import safetyrepro stays light
 
     return _table(import_inspect(_paths(paths), metric, benchmark))
 
@@ -56,6 +56,6 @@ def read_helm(paths: PathLike | Iterable[PathLike], metric: str | None = None,
               benchmark: str | None = None) -> "pd.DataFrame":
     """HELM run folders (or suite folders above them) -> the item-level table; reads HELM's
     JSON files alone (crfm-helm need not be installed)."""
-    from .crosspkg.importers import import_helm
+    from .crosspkg.importers import import_helm  # deferred: pandas; import safetyrepro stays light
 
     return _table(import_helm(_paths(paths), metric, benchmark))

@@ -17,14 +17,15 @@ import os
 import sys
 
 from .cell_request import CellRequest, parse_decode_group
+from .errors import SafetyReproError
+from .worker.client import run_in_worker
+from .worker.layout import node_state_dir
 
 
 def send_cell(request: CellRequest, *, state_dir: str, key: str, idle_timeout: float,
               timeout: float | None = None, device_wait: float | None = None) -> dict:
     """Run ``request`` in this node's worker for ``key`` (started with the request's run
     config, model and quantization if none is running)."""
-    from .worker.client import run_in_worker
-
     return run_in_worker(
         state_dir, key,
         "safetyrepro.cells:load_runner",
@@ -40,8 +41,8 @@ def run_cell_via_worker(*, config_path: str, model: str, benchmark: str, config_
                         out: str, variant: str = "main") -> dict:
     """Resolve the cell and its worker with the plan of ``config_path`` (validated), then
     :func:`send_cell`."""
-    from .config import load_config
-    from .plan import Plan
+    from .config import load_config  # deferred: yaml and the validator; cell jobs skip them
+    from .plan import Plan  # deferred: tasks, rules, fingerprints; cell jobs skip them
 
     plan = Plan(load_config(config_path))
     request = plan.cell_request(model, benchmark, config_id, seed, out, variant)
@@ -145,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError) as exc:
         print(f"{USAGE}\n\nerror: {exc}", file=sys.stderr)
         return 2
-
-    from .errors import SafetyReproError
-    from .worker.layout import node_state_dir
 
     try:
         summary = send_cell(request, state_dir=str(node_state_dir(os.path.abspath(opts["state-root"]))),

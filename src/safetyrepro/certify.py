@@ -10,6 +10,7 @@ column; exact cell scores for fractions k/q, q <= 1000) also everything of
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import sys
@@ -25,7 +26,9 @@ from .errors import DataError
 from .metrics import benchmark_summary, nearest_reversal_table, pairwise_table, reversal_line
 from .metrics.compare import TieRule, tie_rule
 from .metrics.itemgrid import MAX_ABS_SCORE
-from .metrics.significance import headline_sentence
+from .metrics.reversal import sig_signs_from_configs
+from .metrics.significance import (Settings, headline_sentence, item_grid_from_scores,
+                                   significance_tables)
 
 
 class _CallableModule(types.ModuleType):
@@ -65,8 +68,6 @@ class CertifyResult:
 def _check_csv_shape(path: Path) -> None:
     """Every header column named, once, and every row as many fields as the header (pandas
     would silently take a trailing comma as an index column, shifting every value)."""
-    import csv
-
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
@@ -220,8 +221,6 @@ def validate_score_table(df: pd.DataFrame, path: str | Path, config_cols: list[s
 
 def _cells_from_items(df: pd.DataFrame, path) -> tuple[pd.DataFrame, list]:
     """Item-level table -> (cell table with exact fractions where possible, item grids)."""
-    from .metrics.significance import item_grid_from_scores
-
     rows, grids = [], []
     for b, sub in df.groupby("benchmark", sort=True):
         try:
@@ -267,8 +266,6 @@ def nominal_levels(df: pd.DataFrame, nominal: str, axes: list[str], path: str | 
 
 def _reversal(df: pd.DataFrame, cell_df: pd.DataFrame, nominal: str, axes: list[str], tol, sig, path):
     """The nearest-reversal table on the cell table (axis levels taken from the input rows)."""
-    from .metrics.reversal import sig_signs_from_configs
-
     levels = df.drop_duplicates("config").set_index("config")[axes]
     cells = cell_df.drop(columns=[a for a in axes if a in cell_df.columns]).join(levels, on="config")
     sig_signs = None if sig is None else sig_signs_from_configs(sig["significance_configs"])
@@ -303,8 +300,6 @@ def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = Non
     ``tol > 0``: |difference| <= tol ties, for every quantity. ``samples=None`` picks the
     resampling count so every corrected p can reach alpha; ``family`` (pair | benchmark |
     table) and ``correction`` (maxt | holm) set the multiplicity family and its correction."""
-    from .metrics.significance import Settings
-
     table = path if isinstance(path, pd.DataFrame) else None
     if table is not None:
         path = DATAFRAME
@@ -346,8 +341,6 @@ def certify(path: str | Path | pd.DataFrame, config_cols: list[str] | None = Non
         rev = None if nominal is None else _reversal(df, df, nominal, axes, tol, None, path)
         return CertifyResult(pairwise_table(df, tol=tol), benchmark_summary(df, tol=tol), dropped, str(path),
                              tie_rule(tol, exact=False), "config", None, params, rev, nominal)
-    from .metrics.significance import significance_tables
-
     cell_df, grids = _cells_from_items(df, path)
     exact = all(g.exact for g in grids)
     if not exact:   # one rule for the whole table

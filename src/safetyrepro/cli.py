@@ -4,14 +4,28 @@ for the many short processes a workflow spawns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError
 
-from .errors import SafetyReproError, WriteError
+from . import grid as grid_mod
+from .aggregate_inputs import read_inputs
+from .analysis.cli import register as analysis_cmd
+from .config import load_config
+from .crosspkg.cli import register as import_cmd
+from .crosspkg.cli import register_stage as cross_package_cmd
+from .errors import ConfigError, SafetyReproError, ShardError, WriteError
+from .items.cli import register as items_cmd
+from .models.cli import register as models_cmd
+from .provenance import code_version_string
+from .sysutil import atomic_write_text
+from .textsafe import frame_terminal_safe, terminal_safe
+from .worker.cli import register as worker_cmd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="SafetyRepro: how often does 'model A is safer than model B' flip across harness choices?")
@@ -19,8 +33,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 def _print_version(value: bool) -> None:
     if value:
-        from .provenance import code_version_string
-
         typer.echo(f"safetyrepro {code_version_string()}")
         raise typer.Exit(0)
 
@@ -41,9 +53,6 @@ def grid(
     list_cells: bool = typer.Option(False, "--list", help="also list every config id"),
 ):
     """Enumerate the valid cells of a config's envelope and print the counts and rules stamp."""
-    from . import grid as grid_mod
-    from .config import load_config
-
     cfg = load_config(config)
     env = envelope or cfg.envelope_name
     cfg.rules.sub_envelope(env)  # validates the name
@@ -93,10 +102,8 @@ def certify(
 ):
     """Compute N+/N-/N0, rho_flip, ceiling, D1/D2, orderings reachable and tau_R for a score table;
     with an 'item' column also the item-level significance (rho_flip_sig, crossover test, item bootstrap)."""
-    from .certify import certify as run, to_json, to_text
-    from .io import write_csv
-    from .sysutil import atomic_write_text
-    from .textsafe import terminal_safe
+    from .certify import certify as run, to_json, to_text  # deferred: pandas
+    from .io import write_csv  # deferred: pyarrow
 
     cols = [c.strip() for c in config_cols.split(",")] if config_cols else None
     if out is not None and out.exists() and not out.is_dir():
@@ -124,10 +131,6 @@ def certify(
 
 def _terminal_safe_result(res):
     """certify's result with every name from the input file terminal-safe (for the text view)."""
-    import dataclasses
-
-    from .textsafe import frame_terminal_safe, terminal_safe
-
     return dataclasses.replace(
         res, pairs=frame_terminal_safe(res.pairs), summary=frame_terminal_safe(res.summary),
         reversal=None if res.reversal is None else frame_terminal_safe(res.reversal),
@@ -152,18 +155,15 @@ def run_cell(
 ):
     """Run one (model, benchmark, config, seed) cell and write its Parquet shard."""
     if not config_path.is_file():
-        from .errors import ConfigError
-
         raise ConfigError(config_path, None, "file not found")
     if worker:
-        from .cell_client import run_cell_via_worker
+        from .cell_client import run_cell_via_worker  # deferred: the worker client, ~6 ms of start-up
 
         summary = run_cell_via_worker(config_path=str(config_path.resolve()), model=model, benchmark=benchmark,
                                       config_id=config_id, seed=seed, out=str(out.resolve()), variant=variant)
     else:
-        from .cells import run_cell as run
-        from .config import load_config
-        from .plan import Plan
+        from .cells import run_cell as run  # deferred: numpy/pyarrow, torch when run
+        from .plan import Plan  # deferred: ~30 ms of CLI start-up (tasks, fingerprints)
 
         plan = Plan(load_config(config_path))
         summary = run(plan.cell_request(model, benchmark, config_id, seed, out, variant))
@@ -180,20 +180,16 @@ def aggregate(
                                      "it); default: the config's plan"),
 ):
     """Score every shard (re-parsing raw outputs) into the cell-score grid and item results."""
-    from .aggregate import write_aggregate
-    from .aggregate_inputs import read_inputs
-    from .config import load_config
+    from .aggregate import write_aggregate  # deferred: pandas/pyarrow
 
     cfg = load_config(config_path)
     if inputs is None:
-        from .plan import Plan
+        from .plan import Plan  # deferred: ~30 ms of CLI start-up (tasks, fingerprints)
 
         listed = Plan(cfg).aggregate_inputs(variant)
     else:
         listed = read_inputs(inputs)
         if listed.variant != variant:
-            from .errors import ShardError
-
             raise ShardError(f"{inputs} lists the {listed.variant} shards, not the {variant} ones")
     paths = write_aggregate(cfg, listed, out_dir)
     typer.echo(json.dumps(paths, indent=2))
@@ -205,7 +201,7 @@ def rho_flip_table(
     out: Path = typer.Option(..., "--out", help="pairwise table (.parquet); a .csv is written beside it"),
 ):
     """Per benchmark and model pair: N+, N-, N0, |C|, rho_flip, ceiling, saturated, D1, D2."""
-    from .metrics.tables import write_pairwise_table
+    from .metrics.tables import write_pairwise_table  # deferred: pandas/pyarrow
 
     pairs = write_pairwise_table(cell_scores, out)
     typer.echo(pairs.to_string(index=False))
@@ -213,13 +209,6 @@ def rho_flip_table(
 
 def _register_subcommands() -> None:
     """Commands defined next to the code they drive (each module imports lazily)."""
-    from .analysis.cli import register as analysis_cmd
-    from .crosspkg.cli import register as import_cmd
-    from .crosspkg.cli import register_stage as cross_package_cmd
-    from .items.cli import register as items_cmd
-    from .models.cli import register as models_cmd
-    from .worker.cli import register as worker_cmd
-
     items_cmd(app)
     models_cmd(app)
     analysis_cmd(app)
@@ -250,8 +239,6 @@ def _bare_flags(cmd, ctx) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The one error boundary: a usage error (missing option, unknown command, bad value) and
     a SafetyReproError (bad input) print one line on stderr and exit 2."""
-    from typer._click.exceptions import NoArgsIsHelpError
-
     try:
         rc = command().main(args=argv, prog_name="safetyrepro", standalone_mode=False)
     except SafetyReproError as exc:

@@ -9,7 +9,7 @@ class SafetyReproError(Exception):
     message is terminal-safe: names quoted from input files cannot carry escape sequences."""
 
     def __init__(self, *args):
-        from .textsafe import terminal_safe
+        from .textsafe import terminal_safe  # deferred: html (~2 ms); most processes raise none
 
         super().__init__(*(terminal_safe(a, keep_newlines=True) if isinstance(a, str) else a for a in args))
 

@@ -13,6 +13,7 @@ the hand-off seen so far (wall time not inside a call, per call done).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -21,6 +22,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
+
+from .worker.events import event_files, read_events
 
 LABEL = re.compile(r"^(?P<model>[^/]+)/(?P<benchmark>[^/]+)/(?P<config>[^/ ]+)/s(?P<seed>\d+) "
                    r"\((?P<variant>[^,)]+)")
@@ -135,8 +138,6 @@ class RunProgress:
 
     def line(self, now: float | None = None) -> str | None:
         """The progress line now; None when this run has no cell to compute."""
-        from .worker.events import event_files, read_events
-
         if not self.todo:
             return None
         now = time.time() if now is None else now
@@ -186,8 +187,6 @@ def _current(path: Path, fingerprint: str | None) -> bool:
         return False
     if fingerprint is None:
         return True
-    import json
-
     import pyarrow.parquet as pq  # deferred: only the workflow's Snakemake process needs it
 
     try:

@@ -11,6 +11,9 @@ import time
 from pathlib import Path
 
 from .sysutil import atomic_write_text
+from .worker.events import event_files, format_summary, summarize_events
+from .worker.layout import default_state_dir
+from .worker.lifecycle import hold_run_lease, stop_run_workers, stop_workers
 
 
 _ERROR_BLOCK = re.compile(r"^Error in rule (\S+?):?(?:, jobid: \S+)?\s*$")
@@ -87,18 +90,11 @@ def start_run(results_dir, run_id: str) -> None:
     """Take the run's lease on this node's worker state folder, so that another run ending
     meanwhile leaves the workers this run uses alone."""
     global _LEASE
-    from .worker.lifecycle import hold_run_lease
-    from .worker.layout import default_state_dir
-
     _LEASE = hold_run_lease(default_state_dir(results_dir), run_id)
 
 
 def finish_run(results_dir, t0: float, ok: bool = True, snakemake_log=None,
                run_id: str | None = None) -> dict:
-    from .worker.lifecycle import stop_run_workers, stop_workers
-    from .worker.events import event_files, format_summary, summarize_events
-    from .worker.layout import default_state_dir
-
     state_dir = default_state_dir(results_dir)
     # stop only the workers no other live run is using (all of them without a run id)
     stopped = stop_run_workers(state_dir, run_id) if run_id else stop_workers(state_dir)

@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from .errors import ShardError
+from .hashing import canonical_hash
 from .io import read_parquet, write_parquet
 
 KIND = "shard"
 
 
 def _schema():
-    import pyarrow as pa
-
     return pa.schema([
         ("item_id", pa.string()), ("prompt_hash", pa.string()), ("prompt", pa.string()),
         ("raw_output", pa.string()), ("parsed_label", pa.string()), ("parse_ok", pa.bool_()),
@@ -92,15 +93,11 @@ class ShardMeta:
 def layout_hash() -> str:
     """Hash of the shard layout (row schema and metadata fields): part of every cell
     fingerprint, so a layout change reruns the cells and a reader's edit does not."""
-    from .hashing import canonical_hash
-
     return canonical_hash({"schema": SHARD_SCHEMA.to_string(), "meta": [f.name for f in dataclasses.fields(ShardMeta)]})
 
 
 def write_shard(out: str | Path, rows: list[dict], meta: ShardMeta) -> None:
     """Write ``rows`` (dicts with :data:`SHARD_SCHEMA`'s columns) and ``meta`` atomically."""
-    import pyarrow as pa
-
     if len(rows) != meta.n_items:
         raise ShardError(f"{out}: {len(rows)} rows but metadata says n_items={meta.n_items}")
     write_parquet(pa.Table.from_pylist(rows, schema=SHARD_SCHEMA), out, meta.as_dict())

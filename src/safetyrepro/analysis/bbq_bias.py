@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..io import read_parquet
 from .common import check_same_rules, load_cell_scores, load_item_results, output_metadata, write_tables
 
 BENCHMARK = "bbq"
@@ -106,8 +107,6 @@ def bbq_bias_table(cells: pd.DataFrame, results: pd.DataFrame, fields: pd.DataFr
 def write_bbq_bias(cell_scores_path: str | Path, item_results_path: str | Path, items_dir: str | Path,
                    out_dir: str | Path) -> dict[str, Path]:
     """``bbq_bias`` (per model and config) and ``bbq_bias_summary`` (per model) tables."""
-    from ..io import read_parquet
-
     cs = load_cell_scores(cell_scores_path)
     item_path = Path(item_results_path)
     results, imeta = load_item_results(item_path, ["model", "benchmark", "config", "seed", "item_id", "parse_ok",

@@ -15,6 +15,7 @@ from typing import Mapping, TypedDict
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from ..errors import ConfigError, DataError
 from ..sysutil import atomic_write_text
@@ -22,7 +23,8 @@ from ..metrics import pairwise_table
 from ..provenance import code_stamp, code_version_string
 from .common import (check_same_rules, load_cell_scores, read_table, source_record, source_stale_note,
                      version_text)
-from .outputs import CARDS_INDEX, card_stem
+from .outputs import CARDS_INDEX, card_stem, table_outputs
+from .scale_probe import probe_line
 
 CARD_VERSION = 4  # 3: chat template hash, numerics and batch plans disclosed; 4: precision check
 
@@ -49,8 +51,6 @@ def load_provenance(source: Mapping | str | Path) -> dict[tuple[str, str], dict]
     """Normalise the provenance input to {(model, benchmark): record}, checking the fields."""
     where: str = "provenance"
     if isinstance(source, (str, Path)):
-        import yaml
-
         where = str(source)
         path = Path(source)
         if not path.exists():
@@ -338,8 +338,6 @@ def precision_entry(summary: pd.DataFrame, cells: pd.DataFrame, model: str, benc
 def scale_probe_entry(sp: pd.DataFrame, model: str, benchmark: str) -> list[str] | None:
     """The card's scale-probe lines: the rows of the ``scale_probe`` table where this model is
     a family's small or large member (:func:`.scale_probe.probe_line`)."""
-    from .scale_probe import probe_line
-
     sub = sp[(sp["benchmark"] == benchmark) & ((sp["small"] == model) | (sp["large"] == model))]
     return [probe_line(r) for r in sub.to_dict("records")] or None
 
@@ -383,8 +381,6 @@ def write_cards(cell_scores_path: str | Path, provenance: Mapping | str | Path,
         sources.append((Path(cross_package_path), xmeta))
     prec = None
     if precision_path is not None:
-        from .outputs import table_outputs
-
         cells_path = table_outputs("precision", Path(precision_path).parent)["precision_cells"]
         prec = [read_table(precision_path), read_table(cells_path)]
         for p, (_, pmeta) in zip((Path(precision_path), cells_path), prec):

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
                                                            help="draws of the noise references (default 2000)")):
         """Tables 2-4, parse-clean, tau_R with the total-order change rate and the bootstrap
         intervals over configurations; with --item-results the noise references beside rho_flip."""
-        from .tables import write_paper_tables
+        from .tables import write_paper_tables  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_paper_tables(cell_scores, out_dir, threshold=threshold,
                                        bootstrap_samples=bootstrap_samples, bootstrap_seed=bootstrap_seed, tol=tol,
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
                      correction: str = typer.Option("maxt", "--correction", help="maxt | holm"),
                      tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
         """Item-level verdicts against noise: noise references, per-config tests, rho_flip_sig, crossover, power."""
-        from .significance import write_significance
+        from .significance import write_significance  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_significance(cell_scores, item_results, out_dir, alpha=alpha, samples=samples, seed=seed,
                                        family=family, correction=correction, tol=tol))
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
                          tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
         """Nearest reversing configuration per benchmark and pair: fewest axis changes from the
         nominal config to a strictly (and a significantly) reversed verdict."""
-        from .tables import write_nearest_reversal
+        from .tables import write_nearest_reversal  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_nearest_reversal(cell_scores, out_dir, nominal_config, significance_configs, tol))
 
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
     def variance(cell_scores: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir"),
                  seed: int = typer.Option(0, "--seed"), tol: float = typer.Option(0.0, "--tol")):
         """Four-way ANOVA shares and LightGBM/SHAP attribution."""
-        from .variance import write_variance
+        from .variance import write_variance  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_variance(cell_scores, out_dir, tol=tol, seed=seed))
 
@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
                    out_dir: Path = typer.Option(..., "--out-dir"),
                    nominal_config: str = typer.Option("T1-greedy-k0-freeform", "--nominal-config")):
         """Consistency vs random baseline, SDs (cells, items), drop rate, consistency-performance regression."""
-        from .robustness import write_robustness
+        from .robustness import write_robustness  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_robustness(cell_scores, item_results, out_dir, nominal_config))
 
@@ -97,7 +97,7 @@ def register(app: typer.Typer) -> None:
                  items_dir: Path = typer.Option(..., "--items-dir", help="folder holding bbq.parquet"),
                  out_dir: Path = typer.Option(..., "--out-dir")):
         """BBQ bias scores (ambiguous and disambiguated, Parrish et al. 2022) next to accuracy."""
-        from .bbq_bias import write_bbq_bias
+        from .bbq_bias import write_bbq_bias  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_bbq_bias(cell_scores, item_results, items_dir, out_dir))
 
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
                                                               help="draws of the noise reference (default 2000)")):
         """Cell-score ranges and core-ordering changes under stratified item subsamples, with the
         max rho_flip's noise reference on all items and on a subsample."""
-        from .subsample import write_subsample_stability
+        from .subsample import write_subsample_stability  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_subsample_stability(item_results, items_dir, out_dir, fraction, repeats, seed,
                                               rules_path=rules, noise_samples=noise_samples))
@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
                   rules: Optional[Path] = typer.Option(None, "--rules"),
                   tol: float = typer.Option(0.0, "--tol")):
         """BF16 vs NF4 on the conservative_core cells."""
-        from .precision import write_precision_check
+        from .precision import write_precision_check  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_precision_check(main_scores, bf16_scores, out_dir, rules_path=rules, tol=tol))
 
@@ -137,7 +137,7 @@ def register(app: typer.Typer) -> None:
                     tol: Optional[float] = typer.Option(None, "--tol", help="|score difference| <= tol is a tie")):
         """Scale probe: does swapping a model for its larger sibling reverse a verdict within the
         sub-envelope (per benchmark, against each third model; and small vs large directly)."""
-        from .scale_probe import write_scale_probe
+        from .scale_probe import write_scale_probe  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_scale_probe(cell_scores, out_dir, family, significance_configs_path=significance_configs,
                                       rules_path=rules, sub_envelope=sub_envelope, tol=tol))
@@ -157,7 +157,7 @@ def register(app: typer.Typer) -> None:
               scale_probe: Optional[Path] = typer.Option(None, "--scale-probe",
                                                          help="scale_probe.parquet (a line per family member)")):
         """GRID disclosure cards (JSON + Markdown) per (model, benchmark)."""
-        from .cards import write_cards
+        from .cards import write_cards  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_cards(cell_scores, provenance, out_dir, significance, nearest_reversal, cross_package,
                                 precision, scale_probe))
@@ -165,7 +165,7 @@ def register(app: typer.Typer) -> None:
     @analyze.command("figures")
     def figures(tables_dir: Path = typer.Argument(...), out_dir: Path = typer.Option(..., "--out-dir")):
         """Report figures (PNG) from the analysis tables."""
-        from .figures import write_figures
+        from .figures import write_figures  # deferred: pandas; the CLI starts without it
 
         _echo_paths(write_figures(tables_dir, out_dir))
 
@@ -173,6 +173,6 @@ def register(app: typer.Typer) -> None:
     def report_md(tables_dir: Path = typer.Argument(...), figures_dir: Path = typer.Option(..., "--figures-dir"),
                   out: Path = typer.Option(..., "--out")):
         """results/report.md: the report's tables in Markdown."""
-        from .report_md import write_report_md
+        from .report_md import write_report_md  # deferred: pandas; the CLI starts without it
 
         typer.echo(str(write_report_md(tables_dir, figures_dir, out)))

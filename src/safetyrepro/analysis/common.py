@@ -15,11 +15,15 @@ from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
+from ..certify import incomplete_cells
 from ..errors import DataError
 from ..io import read_metadata, read_parquet, write_csv, write_parquet
+from ..metrics.compare import weak_ranks as _weak_ranks
 from ..provenance import code_stamp, code_version_string, stale_reason
 from ..rules import AXES  # noqa: F401  (defined once, in rules)
+from .outputs import step_tables, table_outputs
 
 CELL_COLUMNS = ("model", "benchmark", "config", "template", "decoding", "shots", "scoring",
                 "core", "score", "parse_rate")
@@ -107,8 +111,6 @@ def complete_configs(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, list[str
 
     The flip metrics compare models config by config, so a config with a missing cell cannot
     enter |C|. Returns the filtered table and benchmark -> sorted dropped config ids."""
-    from ..certify import incomplete_cells
-
     dropped = {b: sorted({c for _, c in cells}) for b, cells in incomplete_cells(df).items()}
     keep = np.ones(len(df), dtype=bool)
     for b, cfgs in dropped.items():
@@ -133,8 +135,6 @@ def load_cell_scores(path: str | Path) -> CellScores:
 def load_item_results(path: str | Path, columns: Iterable[str] = ITEM_COLUMNS,
                       filters=None) -> tuple[pd.DataFrame, dict]:
     """Read the needed columns of ``item_results.parquet`` (optionally filtered by pyarrow)."""
-    import pyarrow.parquet as pq
-
     path = Path(path)
     meta = read_metadata(path)
     _check_meta(path, meta)
@@ -211,8 +211,6 @@ def write_tables(step: str, tables: dict[str, pd.DataFrame], out_dir: str | Path
     writing, so a failing computation leaves no new file behind). They must be exactly the
     tables :data:`.outputs.TABLE_STEPS` lists for the step (what its rule declares); the
     paths returned are :func:`.outputs.table_outputs` of the step."""
-    from .outputs import step_tables, table_outputs
-
     names = step_tables(step)
     if set(tables) != set(names):
         raise ValueError(f"analysis step {step!r} computed the tables {sorted(tables)}, but "
@@ -247,8 +245,6 @@ def weak_ranks(scores, tol: float | None = None) -> tuple[int, ...]:
     """Rank of each model (0 = best; models in a fixed order): the number of models strictly
     better, so tied models share a rank; the tie rule is :mod:`safetyrepro.metrics.compare`'s
     (pass :class:`~safetyrepro.metrics.compare.Scores` for exact comparisons)."""
-    from ..metrics.compare import weak_ranks as _weak_ranks
-
     return _weak_ranks(scores, tol)
 
 

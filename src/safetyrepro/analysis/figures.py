@@ -27,10 +27,10 @@ SHAP_AXES = ["model", "template", "decoding", "shots", "scoring"]
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # deferred: matplotlib; Agg set before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: after matplotlib.use("Agg")
 
     plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "figure.dpi": 100})
     return plt
@@ -102,7 +102,7 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
     item-bootstrap interval, coloured by pattern, so reversals within noise look different
     from significant reversals both ways."""
     plt = _plt()
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # deferred: matplotlib, loaded by _plt()
 
     d = sig.sort_values(["benchmark", "model_a", "model_b"]).reset_index(drop=True)
     bi = boot[boot["statistic"] != "max"].set_index(["benchmark", "model_a", "model_b"])
@@ -131,7 +131,7 @@ def rho_significance_chart(sig: pd.DataFrame, boot: pd.DataFrame, meta: dict, pa
     ax.set_title("rho_flip (upper, light bar; black line: spread under item redraws; blue tick: 95th percentile "
                  "of two\nexchangeable models) vs rho_flip_sig (lower, filled; reversals significant on the items "
                  f"at family-wise alpha={alpha:g})", fontsize=9)
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # deferred: matplotlib, loaded by _plt()
 
     handles = [Patch(facecolor=c, edgecolor="#333333", hatch=hh, label=lab) for c, hh, lab in PATTERN_STYLE.values()]
     handles.append(Line2D([0], [0], color="#0077bb", lw=2.2, label="noise: 95% of exchangeable-model rho_flip"))
@@ -271,7 +271,7 @@ def consistency_chart(rob: pd.DataFrame, reg: pd.DataFrame, meta: dict, path: Pa
     if np.isfinite(r["slope"]):
         xs = np.linspace(rob["score_mean"].min(), rob["score_mean"].max(), 50)
         ax.plot(xs, r["intercept"] + r["slope"] * xs, color="black", lw=1)
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # deferred: matplotlib, loaded by _plt()
 
     handles = [Line2D([], [], color=cmap(i), marker="o", ls="", label=b) for i, b in enumerate(benches)]
     handles += [Line2D([], [], color="grey", marker=markers[i % len(markers)], ls="", label=m)

@@ -22,6 +22,7 @@ from .cards import PATTERN_WORDS as PATTERN_TEXT
 from .common import read_table, stale_note, version_text
 from ..textsafe import markdown_safe
 from .outputs import REPORT_TABLES
+from .scale_probe import probe_line
 
 
 
@@ -306,8 +307,6 @@ def build_report(tables_dir: str | Path, figures_dir: str | Path, out_path: str 
 
 def scale_probe_section(section) -> list[str]:
     """The scale probe (docs/VERDICTS.md): a bounded statement per benchmark, family and third model."""
-    from .scale_probe import probe_line
-
     out = ["## Scale probe: a larger sibling in place of a model", "",
            "Per benchmark: does swapping each family's small model for its large sibling reverse the verdict "
            "against a third model on some config of the sub-envelope (strict signs; significantly: both "

@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..grid import Config
+from ..metrics.reversal import resolve_nominal
 from .common import (AXES, NOMINAL_CONFIG, check_same_rules, load_cell_scores, load_item_results,
                      output_metadata, write_tables)
 
@@ -125,9 +127,6 @@ def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, nominal_config: s
                      source: str | Path = "item_results") -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """(robustness, robustness_item_sd, robustness_item_sd_hist): one row (a histogram per)
     (model, benchmark). ``items``: item rows of every seed (consistency reads seed 0)."""
-    from ..grid import Config
-    from ..metrics.reversal import resolve_nominal
-
     try:
         nominal_levels = Config.parse(nominal_config).levels()
     except ValueError as exc:
@@ -164,7 +163,7 @@ def robustness_table(cells: pd.DataFrame, items: pd.DataFrame, nominal_config: s
 
 def regression(table: pd.DataFrame, x: str = "score_mean", y: str = "consistency") -> pd.DataFrame:
     """OLS of ``y`` on ``x`` across rows with finite values."""
-    from scipy.stats import linregress
+    from scipy.stats import linregress  # deferred: scipy.stats, this regression only
 
     d = table[[x, y]].astype(float)
     d = d[np.isfinite(d[x]) & np.isfinite(d[y])]

@@ -17,6 +17,7 @@ from ..errors import DataError
 from ..metrics.compare import tie_rule
 from ..metrics.itemgrid import grids_for
 from ..metrics.significance import CORRECTIONS, Settings, significance_tables
+from ..tasks import score_is_item_mean
 from .common import check_same_rules, load_cell_scores, load_item_results, output_metadata, write_tables
 
 
@@ -27,7 +28,6 @@ def write_significance(cell_scores_path: str | Path, item_results_path: str | Pa
     ipath = Path(item_results_path)
     results, imeta = load_item_results(ipath, ["model", "benchmark", "config", "seed", "item_id", "correct"])
     check_same_rules((cs.path, cs.meta), (ipath, imeta))
-    from ..tasks import score_is_item_mean
 
     # a cell score that is not a mean over items (CrowS-Pairs' parity distance) has no paired item test
     skipped = {b: "cell score is not a mean over items (parity_distance convention)"

@@ -17,12 +17,15 @@ from tqdm import tqdm
 
 from ..errors import DataError
 from ..grid import config_of, is_core
+from ..io import read_parquet
+from ..items.subsample import stratified_subsample
 from ..metrics import orderings
 from ..metrics.compare import Scores, diff_sign
 from ..metrics.itemgrid import item_grid_from_results
 from ..metrics.resampling import DEFAULT_SAMPLES
 from ..metrics.significance import bench_null, null_summary, pair_null
 from ..rules import load_rules
+from ..tasks import score_is_item_mean
 from .common import (check_rules_file, load_item_results, output_metadata, weak_ranks,
                      write_tables)
 
@@ -123,8 +126,6 @@ def subsample_stability(results: pd.DataFrame, items: dict[str, pd.DataFrame], c
     scored by CrowS-Pairs' parity distance (then ``results`` needs ``parsed_label``). The noise
     columns: the max rho_flip of exchangeable models (``noise_samples`` model permutations)
     on all items and on the first repeat's subsample (none for parity-scored benchmarks)."""
-    from ..items.subsample import stratified_subsample
-
     if not 0 < fraction <= 1:
         raise ValueError("fraction must be in (0, 1]")
     if repeats < 1:
@@ -237,14 +238,10 @@ def _max_rho_noise(res: pd.DataFrame, b: str, configs: list[str], first_max: dic
 
 def _parity_scored(benchmark: str) -> bool:
     """True when the benchmark's task scores cells by CrowS-Pairs' parity distance."""
-    from ..tasks import score_is_item_mean
-
     return not score_is_item_mean(benchmark)
 
 
 def read_item_table(items_dir: str | Path, benchmark: str) -> pd.DataFrame:
-    from ..io import read_parquet
-
     path = Path(items_dir) / f"{benchmark}.parquet"
     if not path.exists():
         raise DataError(path, f"item table of benchmark {benchmark!r} not found")

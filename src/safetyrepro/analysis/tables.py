@@ -19,13 +19,16 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from ..grid import Config
 from ..metrics import benchmark_summary, nearest_reversal_table, orderings, pairwise_table, score_grid
 from ..metrics.compare import diff_sign, has_exact, tie_rule
+from ..metrics.itemgrid import grids_for
 from ..metrics.resampling import DEFAULT_SAMPLES
+from ..metrics.reversal import sig_signs_from_configs
 from ..metrics.significance import noise_columns
 from ..rules import Rules, load_rules
-from .common import (AXES, NOMINAL_CONFIG, check_rules_file, load_cell_scores, output_metadata, pair_label,
-                     write_tables)
+from .common import (AXES, NOMINAL_CONFIG, check_rules_file, check_same_rules, load_cell_scores, load_item_results,
+                     optional_source, output_metadata, pair_label, write_tables)
 
 SUMMARY_KEEP = ["benchmark", "max_rho_flip", "max_pair", "orderings_reachable", "orderings_possible"]
 SLICES = {
@@ -324,9 +327,6 @@ def nearest_reversal(df: pd.DataFrame, nominal: str = NOMINAL_CONFIG, tol: float
     (:func:`safetyrepro.metrics.reversal.nearest_reversal_table`); ``sig_configs``: the
     ``significance_configs`` table of the item-level significance analysis, or None (the
     significant part then says it was not computed)."""
-    from ..grid import Config
-    from ..metrics.reversal import sig_signs_from_configs
-
     try:
         nominal_levels = Config.parse(nominal).levels()
     except ValueError as exc:
@@ -384,9 +384,6 @@ def write_paper_tables(cell_scores_path: str | Path, out_dir: str | Path, *, thr
 
 def _noise_for(cs, item_results_path, samples: int, seed: int) -> tuple[Noise, Path, dict]:
     """Item grids of the benchmarks whose cell score is an item mean, checked against the cells."""
-    from ..metrics.itemgrid import grids_for
-    from .common import check_same_rules, load_item_results
-
     ipath = Path(item_results_path)
     results, imeta = load_item_results(ipath, ["model", "benchmark", "config", "seed", "item_id", "correct"])
     check_same_rules((cs.path, cs.meta), (ipath, imeta))
@@ -400,8 +397,6 @@ def write_nearest_reversal(cell_scores_path: str | Path, out_dir: str | Path, no
                            tol: float | None = None) -> dict[str, Path]:
     """``nearest_reversal`` from ``cell_scores.parquet`` and, when given, the item-level
     ``significance_configs.parquet`` of the same run (for the significant reversals)."""
-    from .common import optional_source
-
     cs = load_cell_scores(cell_scores_path)
     sources = [(cs.path, cs.meta)]
     sig = optional_source(significance_configs_path, cs, sources)

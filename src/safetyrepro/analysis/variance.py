@@ -33,8 +33,8 @@ def anova_shares(df: pd.DataFrame, factors=ANOVA_FACTORS, response: str = "score
 
     Returns n, ss_total, per factor ss/share/df (factors with one level: ss 0 and listed in
     ``constant_factors``), ss_residual, share_residual, shares_sum, balanced and formula."""
-    import statsmodels.api as sm
-    import statsmodels.formula.api as smf
+    import statsmodels.api as sm  # deferred: statsmodels, ANOVA only
+    import statsmodels.formula.api as smf  # deferred: statsmodels, ANOVA only
 
     data = df[[response, *factors]].copy()
     for f in factors:
@@ -146,7 +146,7 @@ def axis_shap(shap_values: np.ndarray, X: pd.DataFrame, cols: dict[str, list[str
 
 
 def _shap_values(model, X: pd.DataFrame) -> np.ndarray:
-    import shap
+    import shap  # deferred: shap, attribution only
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -176,7 +176,7 @@ def _rows(base: dict, axes, levels: dict[str, int], values: dict[str, float] | N
 
 def fit_regressor(sub: pd.DataFrame, seed: int = 0) -> tuple[dict[str, float] | None, float, str]:
     """(axis -> mean |SHAP|, in-sample R^2, reason-if-skipped) for one benchmark."""
-    import lightgbm as lgb
+    import lightgbm as lgb  # deferred: lightgbm, attribution only
 
     axes = ("model", *AXES)
     X, cols = one_hot(sub, axes)
@@ -193,7 +193,7 @@ def fit_sign_classifier(grid: ScoreGrid, levels: pd.DataFrame, a: str, b: str, t
                         seed: int = 0) -> tuple[dict[str, float] | None, float, int, int, str]:
     """(axis -> mean |SHAP|, in-sample accuracy, n_rows, n_ties, reason-if-skipped).
     Signs and ties are :func:`safetyrepro.metrics.compare.diff_sign`'s."""
-    import lightgbm as lgb
+    import lightgbm as lgb  # deferred: lightgbm, attribution only
 
     sign = diff_sign(grid.column(a), grid.column(b), tol)
     keep = sign != 0

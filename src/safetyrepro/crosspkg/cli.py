@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from ..config import load_config
+from ..textsafe import terminal_safe as safe   # names and settings come from the imported files
 
 
 def _write(res, out: Path, as_json: bool = False) -> None:
     """Write the long table atomically (CSV spreadsheet-safe: text cells from third-party logs
     that start with = + - @ tab or CR get a leading apostrophe; Parquet keeps them verbatim)
     and print what was imported (``--json``: the summary as one JSON object)."""
-    import json
-
-    from ..io import write_csv, write_parquet
-    from ..textsafe import terminal_safe as safe   # names and settings come from the imported files
-    from .importers import summary
+    from ..io import write_csv, write_parquet  # deferred: pyarrow; the CLI starts without it
+    from .importers import summary  # deferred: pandas; the CLI starts without it
 
     info = summary(res, out)   # both writers create the folder (WriteError if they cannot)
     if out.suffix.lower() in {".parquet", ".pq"}:
@@ -62,7 +63,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = _JSON,
     ):
         """lm-evaluation-harness results + per-sample JSONL -> item-level long table."""
-        from .importers import import_lmeval
+        from .importers import import_lmeval  # deferred: pandas; the CLI starts without it
 
         _write(import_lmeval(paths, metric, benchmark, filter_name), out, as_json)
 
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = _JSON,
     ):
         """Inspect eval logs or eval-set folders (read through inspect_ai.log) -> item-level long table."""
-        from .importers import import_inspect
+        from .importers import import_inspect  # deferred: pandas; the CLI starts without it
 
         _write(import_inspect(logs, metric, benchmark), out, as_json)
 
@@ -91,7 +92,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = _JSON,
     ):
         """HELM run folders (run_spec.json, scenario_state.json, per_instance_stats.json) -> long table."""
-        from .importers import import_helm
+        from .importers import import_helm  # deferred: pandas; the CLI starts without it
 
         _write(import_helm(runs, metric, benchmark), out, as_json)
 
@@ -118,8 +119,7 @@ def register_stage(app: typer.Typer) -> None:
     ):
         """The nominal configuration in SafetyRepro, lm-eval and Inspect on the run's items and models:
         score, per-item agreement, spread across packages (pp) and ordering change per benchmark."""
-        from ..config import load_config
-        from .stage import run_stage
+        from .stage import run_stage  # deferred: pandas; the CLI starts without it
 
         cfg = load_config(config)
         df = run_stage(cfg, items_dir, item_results, out, work, models=model or None,

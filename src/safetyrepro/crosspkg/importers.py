@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 
 import pandas as pd
@@ -309,8 +310,6 @@ def read_lmeval_run(results: Path, metric: str | None = None, benchmark: str | N
 
 
 def _installed(pkg: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
@@ -321,7 +320,7 @@ def _installed(pkg: str) -> str | None:
 
 
 def _score_value(v, path, sid) -> float:
-    from inspect_ai.scorer import value_to_float
+    from inspect_ai.scorer import value_to_float  # deferred: inspect_ai is optional (harness extra)
 
     if isinstance(v, (dict, list)):
         raise DataError(path, f"sample {sid!r}: score value {v!r} is not a single number or letter grade")
@@ -343,7 +342,7 @@ def read_inspect_log(src, metric: str | None = None, benchmark: str | None = Non
     the scorer's value (letter values through ``value_to_float``), mean over epochs. Settings:
     the task and its arguments, the solver plan, the generate config, the model arguments
     other than the path and the inspect_ai version."""
-    from inspect_ai.log import read_eval_log
+    from inspect_ai.log import read_eval_log  # deferred: inspect_ai is optional (harness extra)
 
     name = getattr(src, "name", None) if not isinstance(src, (str, Path)) else str(src)
     path = Path(name.removeprefix("file://"))
@@ -622,7 +621,7 @@ def _inspect_log_files(p: Path) -> list:
     """A log file, or the logs of a folder as Inspect itself lists them (list_eval_logs: `.eval`
     files and time-stamped `.json` logs, recursively; an eval-set's manifests eval-set.json and
     logs.json are not logs and are not listed)."""
-    from inspect_ai.log import list_eval_logs
+    from inspect_ai.log import list_eval_logs  # deferred: inspect_ai is optional (harness extra)
 
     if not p.exists():
         raise DataError(p, "not found")

@@ -43,10 +43,10 @@ def write_inspect_data(items: pd.DataFrame, path: Path) -> Path:
 
 
 def _task(data: str, system: str | None = None, max_tokens: int = 16, name: str | None = None):
-    from inspect_ai import Task
-    from inspect_ai.dataset import Sample, json_dataset
-    from inspect_ai.scorer import choice
-    from inspect_ai.solver import multiple_choice, system_message
+    from inspect_ai import Task  # deferred: inspect_ai is optional (harness extra)
+    from inspect_ai.dataset import Sample, json_dataset  # deferred: inspect_ai is optional
+    from inspect_ai.scorer import choice  # deferred: inspect_ai is optional
+    from inspect_ai.solver import multiple_choice, system_message  # deferred: inspect_ai is optional
 
     def to_sample(rec: dict) -> Sample:
         return Sample(id=rec["id"], input=rec["input"], choices=rec["choices"], target=rec["target"])
@@ -57,7 +57,7 @@ def _task(data: str, system: str | None = None, max_tokens: int = 16, name: str 
 
 
 def _register():
-    from inspect_ai import task
+    from inspect_ai import task  # deferred: inspect_ai is optional (harness extra)
 
     @task
     def safetyrepro_mc(data: str, system: str | None = None, max_tokens: int = 16):

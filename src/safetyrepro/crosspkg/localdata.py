@@ -75,7 +75,7 @@ def write_jsonl(records: list[dict], path: Path) -> Path:
 
 def lmeval_task_yaml_path(rel: str) -> Path:
     """The pinned lm-eval's own YAML of a task."""
-    import lm_eval.tasks as tasks_pkg
+    import lm_eval.tasks as tasks_pkg  # deferred: lm-eval is optional (harness extra)
 
     path = Path(tasks_pkg.__file__).parent / rel
     if not path.is_file():

@@ -10,16 +10,27 @@ packages and whether the model ordering changes.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.common import output_metadata
 from ..analysis.outputs import cross_package_files
 from ..errors import DataError
+from ..grid import config_of
+from ..io import read_metadata, write_csv, write_parquet
+from ..items import read_items
+from ..models.load import compute_threads, load_model, resolve_device
+from ..models.prepare import prepare_model
+from ..provenance import code_version_string
 from ..sysutil import package_version
+from ..tasks import load_task
+from .inspect_tasks import LETTERS, _task, write_inspect_data
 from .localdata import write_lmeval_task
 
 #: benchmarks each package scores here
@@ -60,8 +71,6 @@ def safetyrepro_rows(sources: list[tuple[pd.DataFrame, str, str]], items: dict, 
     benchmark, model) comes from the first table that has it (the stage passes the bf16
     precision check's results first, :meth:`safetyrepro.plan.Plan.nominal_bf16_configs`).
     Every row records its ``precision`` and its source."""
-    from ..tasks import load_task
-
     for ir, _, path in sources:
         missing = {"config", "seed", "benchmark", "model", "item_id", "correct", "quantization"} - set(ir.columns)
         if missing:
@@ -129,9 +138,9 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
     fixes ``num_fewshot`` keeps it, as lm-eval does. ``loop``: ``"shared-context"``
     (:class:`.lmeval_model.SharedContextHFLM` over the loaded ``engine``) or ``"stock"``
     (lm-eval's ``HFLM`` loading ``folder`` in ``dtype`` on ``device``)."""
-    from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    from lm_eval import simple_evaluate  # deferred: lm-eval is optional (harness extra)
+    from lm_eval.models.huggingface import HFLM  # deferred: lm-eval is optional
+    from lm_eval.tasks import TaskManager  # deferred: lm-eval is optional
 
     if loop not in LMEVAL_LOOPS:
         raise ValueError(f"loop must be one of {LMEVAL_LOOPS}, not {loop!r}")
@@ -150,7 +159,7 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
     else:
         if engine is None:
             raise ValueError("the shared-context loop needs the loaded model (engine=load_model(...))")
-        from .lmeval_model import SharedContextHFLM
+        from .lmeval_model import SharedContextHFLM  # deferred: lm-eval (optional) and torch
 
         lm = SharedContextHFLM(engine, tokenizer=str(folder), batch_size=batch_size)
         precision = _short_dtype(engine.info["dtype"])
@@ -210,7 +219,7 @@ def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int
     else:
         # lm-eval's BBQ candidates: the two non-unknown answers, then every "unknown" phrasing of
         # HELM's list; any of those stands for the item's own unknown option
-        from lm_eval.tasks.bbq.utils import UNKNOWN_RESPONSES, doc_to_choice
+        from lm_eval.tasks.bbq.utils import UNKNOWN_RESPONSES, doc_to_choice  # deferred: lm-eval is optional
 
         text = doc_to_choice(doc)[j]
         if text in UNKNOWN_RESPONSES:
@@ -226,9 +235,7 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
                  device: str = "cpu") -> list[dict]:
     """Inspect's ``multiple_choice`` + ``choice`` on the run's choice items: every benchmark a
     task of ONE ``inspect_ai.eval`` call, so Inspect's HF provider loads the model once."""
-    from inspect_ai import eval as inspect_eval
-
-    from .inspect_tasks import LETTERS, _task, write_inspect_data
+    from inspect_ai import eval as inspect_eval  # deferred: inspect_ai is optional (harness extra)
 
     version = package_version("inspect_ai")
     benches = [b for b in INSPECT_BENCHMARKS if b in items]
@@ -315,19 +322,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
     SafetyRepro rows take their cells from it where it has them (:func:`safetyrepro_rows`).
     ``lmeval_loop``: see :func:`lmeval_rows`. lm-eval (shared-context loop) and Inspect load
     each model in bf16 on the run's device (``runtime.device``)."""
-    import gc
-    import os
-
-    from ..grid import config_of
-    from ..items import read_items
-    from ..io import write_csv, write_parquet
-    from ..models.load import load_model, resolve_device
-    from ..models.prepare import prepare_model
-    from ..provenance import code_version_string as code_version
-
-    import torch
-
-    from ..models.load import compute_threads
+    import torch  # deferred: torch; the table and figure helpers run without it
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local folders only: no hub look-ups
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -348,7 +343,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
         raise DataError(item_results, f"analysis.nominal_config {nominal!r} has {shots} shots; the stage's Inspect "
                                       "task has no few-shot exemplars (use --package lm-eval)")
     sources = [(pd.read_parquet(p), v, p) for p, v in ((item_results_bf16, "bf16"), (item_results, "main")) if p]
-    rows, ref = safetyrepro_rows(sources, items, nominal, code_version())
+    rows, ref = safetyrepro_rows(sources, items, nominal, code_version_string())
     device = resolve_device(cfg.section("runtime").get("device", "auto"))
     timings = {}
     for m in models or cfg.models:
@@ -366,9 +361,6 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
             rows += inspect_rows(str(folder), m, items, Path(work) / m, device=device)
             timings[f"inspect/{m}"] = time.perf_counter() - t
     df = cross_package_table(rows, ref)
-    from ..analysis.common import output_metadata
-    from ..io import read_metadata
-
     inputs = [(Path(p), read_metadata(p)) for p in (item_results, item_results_bf16) if p]
     meta = output_metadata("cross_package", inputs,
                            extra={"nominal_config": nominal, "lmeval_loop": lmeval_loop,
@@ -390,7 +382,7 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
 
 def plot_cross_package(df: pd.DataFrame, path: Path) -> Path:
     """Write :func:`cross_package_figure` to ``path``."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib; only drawing needs it
 
     fig = cross_package_figure(df)
     path = Path(path)
@@ -402,10 +394,10 @@ def plot_cross_package(df: pd.DataFrame, path: Path) -> Path:
 
 def cross_package_figure(df: pd.DataFrame):
     """Per benchmark: each model's score in each package (grouped bars), spread in the title."""
-    import matplotlib
+    import matplotlib  # deferred: matplotlib; Agg set before pyplot loads
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: after matplotlib.use("Agg")
 
     benches = sorted(df["benchmark"].unique())
     # one colour and slot per package across all panels (a benchmark some package lacks keeps

@@ -9,7 +9,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import torch
+
+from .capabilities import Capabilities
+from .decode import decode_rows
+from .encoding import encode_prompt
 from .generate import generate
+from .prefill import Prefix, prefill
+from .sampling import _Sampler
 from .scoring import score_candidates
 
 
@@ -26,14 +33,6 @@ def measure_speed(lm, *, batch_size: int = 16, prompt_tokens: int = 256,
                   new_tokens: int = 32, repeats: int = 2) -> dict:
     """``{prefill_tok_s, decode_tok_s, decode_step_ms, score_items_s, ...}`` measured on
     ``lm`` (best of ``repeats`` after a warm-up)."""
-    import torch
-
-    from .encoding import encode_prompt
-    from .capabilities import Capabilities
-    from .decode import decode_rows
-    from .prefill import Prefix, prefill
-    from .sampling import _Sampler
-
     prompts = _prompts(lm.tokenizer, batch_size, prompt_tokens)
     enc = [encode_prompt(lm.tokenizer, p) for p in prompts]
     free = dataclasses.replace(lm, stop_ids=[], stop_strings=[])

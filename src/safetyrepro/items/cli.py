@@ -7,17 +7,18 @@ from typing import Optional
 
 import typer
 
+from ..config import load_config
+
 DEFAULT_CONFIG = "config/config.yaml"
 
 
 def run_items(config: Path, benchmark: str | None = None, out_dir: Path | None = None,
               echo=typer.echo) -> list[dict]:
     """Build one benchmark (or every configured one) and print counts per stratum + hashes."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # deferred: tqdm; the CLI starts without it
 
-    from ..config import load_config
-    from .build import build_items
-    from .schema import check_benchmark
+    from .build import build_items  # deferred: pandas; the CLI starts without it
+    from .schema import check_benchmark  # deferred: pandas; the CLI starts without it
 
     cfg = load_config(config)
     names = [check_benchmark(benchmark)] if benchmark else cfg.benchmarks

@@ -52,7 +52,7 @@ def hub_splits(name: str, categories: Sequence[str] | None = None) -> list[HubSp
 
 def fetch(spec: HubSplit):
     """Load one split from the hub (the only function here that needs the network)."""
-    import datasets
+    import datasets  # deferred: datasets (heavy), only a hub download needs it
 
     try:
         return datasets.load_dataset(spec.repo, spec.config, split=spec.split)

@@ -84,7 +84,7 @@ def holm(p: np.ndarray) -> np.ndarray:
 
 def mcnemar_exact(n10: np.ndarray, n01: np.ndarray) -> np.ndarray:
     """Two-sided exact McNemar (sign test on discordant pairs) p-values."""
-    from scipy.stats import binom
+    from scipy.stats import binom  # deferred: scipy.stats, only the exact McNemar test needs it
 
     n10, n01 = np.asarray(n10), np.asarray(n01)
     n = n10 + n01

@@ -7,9 +7,13 @@ optionally the exact fractions ``score_num, score_den`` (then every sign is exac
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pandas as pd
 
+from ..analysis.outputs import rho_flip_files
+from ..io import read_parquet, write_csv, write_parquet
+from ..provenance import code_stamp, code_version
 from .compare import rule_for, score_grid
 from .flips import orderings, pair_stats, tau_r
 from .order_change import order_change_rate
@@ -76,12 +80,6 @@ def benchmark_summary(df: pd.DataFrame, configs=None, tol: float | None = None) 
 def write_pairwise_table(cell_scores, out) -> pd.DataFrame:
     """The run's ``rho_flip.parquet`` (stamped with its source's stamps and this code's
     fingerprint) and a CSV beside it, from ``cell_scores.parquet``; returns the table."""
-    from pathlib import Path
-
-    from ..analysis.outputs import rho_flip_files
-    from ..io import read_parquet, write_csv, write_parquet
-    from ..provenance import code_stamp, code_version
-
     cell_scores, out = Path(cell_scores), Path(out)
     table, meta = read_parquet(cell_scores)
     df = table.to_pandas()

@@ -26,6 +26,9 @@ from typing import Callable, Iterable
 
 from ..errors import DataError
 from ..hashing import sha256_file
+from ..tasks import load_task
+from . import refusal_spec
+from .refusal import classify_refusal
 
 DEVDATA = Path(__file__).resolve().parent / "devdata"
 DEVSET = DEVDATA / "refusal_wildguardtest.jsonl.gz"
@@ -67,8 +70,8 @@ def build_devset(source: str | Path, out: str | Path = DEVSET, *, n: int = SAMPL
     after the first ``n`` is added to ``tune`` too (written after the first ``n``, so the
     ``heldout`` half does not depend on it). Written as gzip JSONL with a zero timestamp, so
     the same source and arguments give the same bytes."""
-    import numpy as np
-    import pandas as pd
+    import numpy as np  # deferred: numpy/pandas (dev-set rebuild only)
+    import pandas as pd  # deferred: numpy/pandas (dev-set rebuild only)
 
     source = Path(source)
     if check_sha:
@@ -206,10 +209,6 @@ def _rates_only(rec: dict) -> dict:
 def xstest_classifier() -> Callable[[str], str | None]:
     """The refusal classifier exactly as the XSTest task configures it (``tasks/xstest.yaml``),
     returning its raw outcome (``unclear`` included, not folded into None)."""
-    from ..tasks import load_task
-    from . import refusal_spec
-    from .refusal import classify_refusal
-
     spec = refusal_spec(load_task("xstest").content["parser"])
     return lambda text: classify_refusal(spec, text).label
 
@@ -217,8 +216,6 @@ def xstest_classifier() -> Callable[[str], str | None]:
 def report(devset: str | Path = DEVSET) -> dict:
     """The JSON record: agreement per split and overall, the parser version it measured and
     the dev set's identity."""
-    from ..tasks import load_task
-
     records = load_devset(devset)
     classify = xstest_classifier()
     return {
@@ -253,12 +250,12 @@ def learned_ceiling(records: Iterable[DevRecord], *, c_values: Iterable[float] =
     reference, not part of the classifier: it learns WildGuard's scheme (refuse-then-comply is
     compliance), which shows how much of the gap to a target is the labels rather than the
     rules. Returns the rule classifier's agreement on the same records beside it."""
-    import numpy as np
-    from sklearn.compose import ColumnTransformer
-    from sklearn.feature_extraction.text import TfidfVectorizer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold, cross_val_predict
-    from sklearn.pipeline import make_pipeline
+    import numpy as np  # deferred: numpy (learned reference only)
+    from sklearn.compose import ColumnTransformer  # deferred: sklearn (learned reference only)
+    from sklearn.feature_extraction.text import TfidfVectorizer  # deferred: sklearn (learned reference only)
+    from sklearn.linear_model import LogisticRegression  # deferred: sklearn (learned reference only)
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict  # deferred: sklearn (learned reference only)
+    from sklearn.pipeline import make_pipeline  # deferred: sklearn (learned reference only)
 
     recs = list(records)
     table = np.array([[r.response, r.prompt] for r in recs], dtype=object)

@@ -8,6 +8,7 @@ import platform
 import resource
 import sys
 
+from ..compute_dtype import describe_cpu
 from ..sysutil import package_version
 
 
@@ -23,7 +24,7 @@ def cpu_model() -> str:
 
 
 def machine_info() -> dict:
-    import torch
+    import torch  # deferred: torch; describe and peak_rss_mib run without it
 
     mem_gib = None
     try:
@@ -62,8 +63,6 @@ def peak_rss_mib() -> float:
 def cpu_features() -> dict:
     """The CPU's bf16 support as the engine sees it (:mod:`safetyrepro.compute_dtype`) and
     torch's kernel level: what decides a timing's meaning across CPU families."""
-    import torch
-
-    from ..compute_dtype import describe_cpu
+    import torch  # deferred: torch; describe and peak_rss_mib run without it
 
     return {**describe_cpu(), "aten_cpu_capability": torch.backends.cpu.get_cpu_capability()}

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from ..sysutil import atomic_write_text
 from ..paths import PROJECT_ROOT
-from .machine import machine_info
+from ..provenance import code_version
+from .machine import describe, machine_info
+from .timing import format_table
 
 RESULTS_DIR = PROJECT_ROOT / "benchmarks" / "results"
 
@@ -29,8 +31,6 @@ def save(name: str, payload: dict, out_dir: Path | None = None) -> Path:
     """Write ``payload`` plus command line and machine info as ``<out_dir>/<name>.json``."""
     out = Path(out_dir or RESULTS_DIR) / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    from ..provenance import code_version
-
     record = {"benchmark": name, "command": command_line(), "machine": machine_info(),
               "code_version": code_version(), **payload}
     atomic_write_text(out, json.dumps(record, indent=2, sort_keys=True, default=str) + "\n")
@@ -41,9 +41,6 @@ def publish(name: str, headers: list[str], rows: list[list[object]], payload: di
             out_dir: Path | str | None = None, note: str = "") -> Path:
     """The common end of every benchmark script: print the result table and the machine
     line (plus ``note``), then save ``payload`` with the table (:func:`save`)."""
-    from .machine import describe
-    from .timing import format_table
-
     table = format_table(headers, rows)
     record = {**payload, "table": table}
     print("\n" + table)

@@ -21,8 +21,13 @@ from pathlib import Path
 
 import yaml
 
+from ..cells import group_streams
 from ..config import absolute_paths, config_folder
 from ..errors import ConfigError
+from ..grid import config_of
+from ..plan import Plan
+from ..tasks import load_task
+from .workload import freeform_prompts, logprob_requests
 
 DECODE_CONFIG = "T4-greedy-k5-freeform"  # gpu_smoke.py's decode group
 LOGPROB_CONFIG = "T1-greedy-k0-logprob"
@@ -79,11 +84,7 @@ def group_requests(cfg, lm, wl, config_id: str = DECODE_CONFIG, *, n_items: int 
                    max_new_tokens: int | None = None) -> GroupRequests:
     """The requests of decode group ``config_id`` of ``wl`` (a :class:`.workload.Workload`)
     for model ``lm`` (its tokenizer renders and encodes the prompts)."""
-    from ..cells import group_streams
-    from ..grid import config_of
-    from ..inference.encoding import encode_prompt
-    from ..plan import Plan
-    from .workload import freeform_prompts
+    from ..inference.encoding import encode_prompt  # deferred: torch; the config helpers run without it
 
     items = wl.items[:n_items] if n_items else list(wl.items)
     prompts = freeform_prompts(cfg, lm, wl, config_id)[:len(items)]
@@ -100,7 +101,7 @@ def group_requests(cfg, lm, wl, config_id: str = DECODE_CONFIG, *, n_items: int 
 def sampling_params(req: GroupRequests) -> list[list[dict]]:
     """Per item, per stream: the keyword arguments of vLLM's ``SamplingParams`` (greedy is
     temperature 0; a sampled stream's seed is the project's per-item seed)."""
-    from ..inference.sampling import item_seed
+    from ..inference.sampling import item_seed  # deferred: torch; the config helpers run without it
 
     out = []
     for prompt in req.prompts:
@@ -117,11 +118,11 @@ def sampling_params(req: GroupRequests) -> list[list[dict]]:
 
 def run_project(lm, req: GroupRequests, *, batch_size: int, device: str) -> dict:
     """The project's engine on the group: texts[item][stream], seconds, peak memory."""
-    from ..inference import generate_streams
+    from ..inference import generate_streams  # deferred: torch; the config helpers run without it
 
     cuda = device == "cuda"
     if cuda:
-        import torch
+        import torch  # deferred: torch, CUDA only
 
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -142,13 +143,12 @@ def run_project(lm, req: GroupRequests, *, batch_size: int, device: str) -> dict
 def project_logprob_seconds(cfg, lm, wl, config_id: str = LOGPROB_CONFIG, *, batch_size: int,
                             n_items: int | None = None, device: str = "cpu") -> dict:
     """Seconds of one logprob cell with the project's scorer (same items as the decode group)."""
-    from ..inference.scoring import score_candidates
-    from .workload import logprob_requests
+    from ..inference.scoring import score_candidates  # deferred: torch; the config helpers run without it
 
     contexts, cands = logprob_requests(cfg, lm, wl, config_id)
     n = n_items or len(contexts)
     if device == "cuda":
-        import torch
+        import torch  # deferred: torch, CUDA only
 
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -165,9 +165,9 @@ def run_vllm(model_dir: str | Path, req: GroupRequests, *, quantization: str = "
     ``SamplingParams`` (per-request seed). Returns texts[item][stream], load and generation
     seconds and the device memory in use (vLLM reserves ``gpu_memory_utilization`` of the card
     for weights and its key/value cache; ``torch.cuda.mem_get_info`` sees every process)."""
-    import torch
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    import torch  # deferred: torch, GPU only
+    from vllm import LLM, SamplingParams  # deferred: vLLM is optional (GPU build)
+    from vllm.inputs import TokensPrompt  # deferred: vLLM is optional (GPU build)
 
     free0, total = torch.cuda.mem_get_info()
     t0 = time.perf_counter()
@@ -188,7 +188,7 @@ def run_vllm(model_dir: str | Path, req: GroupRequests, *, quantization: str = "
     k = len(req.streams)
     texts = [[outs[i * k + s].outputs[0].text for s in range(k)] for i in range(len(req.prompts))]
     gen = sum(len(o.outputs[0].token_ids) for o in outs)
-    import vllm
+    import vllm  # deferred: vLLM is optional (GPU build)
 
     return {"engine": "vllm", "vllm": vllm.__version__, "quantization": quantization, "prefix_caching": True,
             "load_s": round(load_s, 2), "wall_s": round(wall, 3), "texts": texts, "generated_tokens": gen,
@@ -202,8 +202,6 @@ def compare_answers(req: GroupRequests, texts_a: list[list[str]], texts_b: list[
     """Per-item agreement of the greedy answers of two engines: each text scored by the task's
     parser; ``answer_agreement`` = share of items with the same parsed answer (both unparseable
     counts as the same), ``text_agreement`` = share with the identical text."""
-    from ..tasks import load_task
-
     if len(texts_a) != len(req.items) or len(texts_b) != len(req.items):
         raise ValueError(f"expected {len(req.items)} items per engine, got {len(texts_a)} and {len(texts_b)}")
     task = load_task(req.benchmark)

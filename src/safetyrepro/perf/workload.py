@@ -10,8 +10,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import RunConfig, config_from_dict
+from ..cells import ModelCellRunner, group_streams
+from ..config import RunConfig, config_from_dict, load_config
 from ..grid import Config, config_of
+from ..items import build_items, read_items
+from ..plan import Plan
+from ..requests import cell_requests
+from ..tasks import load_task
 
 
 @dataclass
@@ -26,8 +31,6 @@ def load_workload(cfg: RunConfig, benchmark: str, n_items: int) -> Workload:
     """``n_items`` items of ``benchmark`` and its few-shot pool, selected by the run's own
     rules (data source and items seed of ``cfg``; only the item count differs). Built into a
     temporary folder, so the run's results are untouched."""
-    from ..items import build_items, read_items
-
     raw = copy.deepcopy(cfg.raw)
     raw.setdefault("benchmarks", {}).setdefault(benchmark, {})
     raw["benchmarks"][benchmark] = {**raw["benchmarks"][benchmark], "n_items": int(n_items)}
@@ -42,9 +45,6 @@ def load_workload(cfg: RunConfig, benchmark: str, n_items: int) -> Workload:
 
 def freeform_prompts(cfg: RunConfig, lm, wl: Workload, config_id: str) -> list[str]:
     """The free-form prompts of cell ``config_id`` for every item (as a cell builds them)."""
-    from ..requests import cell_requests
-    from ..tasks import load_task
-
     return cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), config_of(cfg.rules, config_id),
                          wl.items, wl.fewshot).prompts
 
@@ -53,9 +53,6 @@ def logprob_requests(cfg: RunConfig, lm, wl: Workload, config_id: str
                      ) -> tuple[list[str], list[list[str]]]:
     """``(contexts, candidates)`` of logprob cell ``config_id``: the rendered chat context
     and the candidate continuations of every item."""
-    from ..requests import cell_requests
-    from ..tasks import load_task
-
     req = cell_requests(cfg, lm.tokenizer, load_task(wl.benchmark), config_of(cfg.rules, config_id),
                         wl.items, wl.fewshot)
     return req.contexts, req.candidates
@@ -77,11 +74,6 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     """The decode group of the run's ``(benchmark, template, shots)`` on the loaded ``lm``,
     from the run's own item subset and few-shot pool (``results/items``; run the ``items``
     step of the workflow first)."""
-    from ..cells import ModelCellRunner, group_streams
-    from ..plan import Plan
-    from ..requests import cell_requests
-    from ..tasks import load_task
-
     plan = Plan(cfg)
     if not plan.layout.items_path(benchmark).exists():
         raise FileNotFoundError(f"{plan.layout.items_path(benchmark)} is missing: run `safetyrepro items` "
@@ -102,9 +94,6 @@ def group_cases(config_path: str, cases: list[str]):
     """For each ``"MODEL:BENCHMARK:TEMPLATE:SHOTS"`` in ``cases``: ``(case fields, lm,
     GroupCase)``, the model loaded as the worker loads it, one model in memory at a time
     (consecutive cases of one model share it)."""
-    from ..cells import ModelCellRunner
-    from ..config import load_config
-
     cfg = load_config(config_path)
     models: dict = {}
     for case in cases:

@@ -8,6 +8,8 @@ loaded model and runs cells on it; see :mod:`.server` for the worker's behaviour
 This package's ``__init__`` imports only the light client side (no torch).
 """
 
+from importlib import import_module as _import_module
+
 # Resolved on first use (PEP 562): a cell job's client imports ``.client`` alone, and every
 # module it does not need costs start-up time on each of the run's ~1,800 jobs.
 _EXPORTS = {
@@ -23,8 +25,6 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    value = getattr(_import_module(f".{_EXPORTS[name]}", __name__), name)
     globals()[name] = value
     return value

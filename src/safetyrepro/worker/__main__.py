@@ -10,6 +10,9 @@ import json
 import os
 import sys
 
+from ..errors import SafetyReproError
+from .server import serve
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m safetyrepro.worker")
@@ -32,8 +35,6 @@ def main(argv: list[str] | None = None) -> int:
         loader_args = json.loads(args.loader_arg)
     except ValueError as exc:
         parser.error(f"--loader-arg is not JSON: {exc}")
-    from ..errors import SafetyReproError
-    from .server import serve
     try:
         return serve(args.state_dir, args.key, args.loader, loader_args,
                      idle_timeout=args.idle_timeout, slots=args.slots, detach=args.detach,

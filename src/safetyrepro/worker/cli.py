@@ -11,7 +11,9 @@ from typing import Optional
 import typer
 
 from ..config import DEFAULTS
+from ..errors import DataError
 from ..paths import resolve
+from .events import event_files, format_summary, summarize_events
 from .layout import default_state_dir
 
 IDLE_TIMEOUT_S = float(DEFAULTS["runtime"]["worker_idle_timeout_s"])
@@ -38,7 +40,7 @@ def serve_cmd(
     results_dir: Path = typer.Option(Path("results"), help="results dir (for the default state dir)"),
 ) -> None:
     """Run a worker in the foreground (clients normally start workers themselves)."""
-    from .server import serve
+    from .server import serve  # deferred: signal/logging/threading, ~12 ms of CLI start-up
 
     try:
         args = json.loads(loader_arg)
@@ -58,7 +60,7 @@ def stop_cmd(
     results_dir: Path = typer.Option(Path("results"), help="results dir (for the default state dir)"),
 ) -> None:
     """Ask workers to finish their current call and exit."""
-    from .lifecycle import stop_workers
+    from .lifecycle import stop_workers  # deferred: the worker client, ~7 ms of CLI start-up
 
     if (key is None) == (not all_):
         raise typer.BadParameter("give exactly one of --key K or --all")
@@ -74,7 +76,7 @@ def status_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """List this node's workers."""
-    from .lifecycle import worker_status
+    from .lifecycle import worker_status  # deferred: the worker client, ~7 ms of CLI start-up
 
     d = _state_dir(state_dir, results_dir)
     rows = worker_status(d)
@@ -99,12 +101,8 @@ def events_summary_cmd(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Model loads per key and the share of wall time spent loading."""
-    from .events import event_files, format_summary, summarize_events
-
     absent = [f for f in events or [] if not f.is_file()]
     if absent:
-        from ..errors import DataError
-
         raise DataError(absent[0], "events file not found")
     files = events or event_files(resolve(results_dir))
     summary = summarize_events(files, since=since, wall_seconds=wall)

@@ -133,7 +133,7 @@ def _spawn(paths: WorkerPaths, loader: str, loader_args: dict[str, Any], *, idle
            start_timeout: float, slots: int, env: dict[str, str] | None, python: str | None,
            device_wait: float | None = None) -> None:
     """Start a detached worker and wait until it listens (call with the start lock held)."""
-    import subprocess  # here, not at the top: most clients find a worker running
+    import subprocess  # deferred: most clients find a worker running (cell-job start-up)
 
     cmd = [python or sys.executable, "-m", "safetyrepro.worker", "serve",
            "--state-dir", str(paths.state_dir), "--key", paths.key, "--loader", loader,
@@ -234,7 +234,7 @@ def _find_or_start(paths: WorkerPaths, spec: str, loader: str, loader_args: dict
 def _kill_unresponsive(paths: WorkerPaths, pid: int | None) -> None:
     """SIGKILL a worker that let a call run past its deadline without answering (its
     watchdog is stuck too), then clean up after it."""
-    import signal
+    import signal  # deferred: only a stuck worker needs it (cell-job start-up)
 
     if pid is not None and is_worker_process(pid, paths.key):
         try:

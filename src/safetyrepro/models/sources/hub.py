@@ -65,9 +65,8 @@ def hub_error(key: str, source: dict, exc: BaseException) -> ModelError:
 
 def download_hub(resources_dir: Path, folder: Path, key: str, source: dict, *, progress: bool) -> None:
     """Download the pinned snapshot into ``folder`` and verify it (:func:`finish_hub_folder`)."""
-    # deferred: huggingface_hub is heavy, and only a download needs it
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    from huggingface_hub import HfApi, snapshot_download  # deferred: heavy, only a download needs it
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars  # deferred: heavy, download only
 
     log(progress, f"{key}: downloading {source['id']}@{source['revision']} into {folder}")
     if not progress:

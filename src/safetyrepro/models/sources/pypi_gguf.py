@@ -56,9 +56,8 @@ def convert_gguf(gguf: Path, hf_dir: Path, *, key: str, source: dict, progress: 
 
     Written into a sibling temp folder and renamed into place; the marker is written last.
     Returns the marker record."""
-    # deferred: torch and transformers are heavy, and only a conversion needs them
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # deferred: heavy, only a conversion needs it
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # deferred: heavy, only a conversion needs it
 
     t0 = time.time()
     log(progress, f"{key}: converting {gguf.name} to an HF folder (slow, once)")
