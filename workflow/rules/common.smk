@@ -104,9 +104,7 @@ TABLES = f"{RESULTS}/tables"
 
 def aggregate_outputs(variant):
     """The aggregation step's outputs, as the package names them."""
-    return {
-        k: rel(v) for k, v in layout_aggregate_outputs(TABLES, variant).items()
-    }
+    return {k: rel(v) for k, v in layout_aggregate_outputs(TABLES, variant).items()}
 
 
 def write_aggregate_inputs(path, variant, declared, log_path):
