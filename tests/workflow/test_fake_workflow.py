@@ -14,6 +14,8 @@ from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError
 from workflow_support import make_project_copy, planned, snakemake
 
+pytestmark = pytest.mark.slow   # a whole Snakemake run (~45 s): in `make test`, not the edit loop's tier
+
 FAKE_MODELS = {"fake-a": {"display_name": "fake A", "quantization": "nf4", "source": {"kind": "fake"}},
                "fake-b": {"display_name": "fake B", "quantization": "bf16", "source": {"kind": "fake"}}}
 
