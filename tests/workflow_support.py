@@ -47,6 +47,16 @@ def make_project_copy(dest: Path, config_over: dict | None = None) -> tuple[Path
     return dest, path
 
 
+def benchmark_script(name: str):
+    """``benchmarks/<name>.py`` imported as a module (the scripts are not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def env_for(project: Path) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(project / "src")

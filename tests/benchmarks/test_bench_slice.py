@@ -4,23 +4,15 @@ sums the workers' call seconds per kind."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
-from workflow_support import ROOT
-
-
-def _bench_slice():
-    spec = importlib.util.spec_from_file_location("bench_slice", ROOT / "benchmarks" / "bench_slice.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from workflow_support import ROOT, benchmark_script
 
 
 def test_slice_targets_are_planned_shards_of_the_default_run(default_cfg):
     from safetyrepro.plan import Plan
 
-    bs = _bench_slice()
+    bs = benchmark_script("bench_slice")
     plan = Plan(default_cfg)
     planned = {str(plan.layout.shard_path(j.model, j.benchmark, j.config.id, j.seed).relative_to(ROOT))
                for j in plan.jobs("main")}
@@ -36,7 +28,7 @@ def test_slice_targets_are_planned_shards_of_the_default_run(default_cfg):
 
 
 def test_call_seconds_sum_the_slices_calls_per_kind(tmp_path):
-    bs = _bench_slice()
+    bs = benchmark_script("bench_slice")
     ev = tmp_path / ".workers" / "node" / "events.jsonl"
     ev.parent.mkdir(parents=True)
     lines = [{"event": "load", "seconds": 4.0},

@@ -4,21 +4,13 @@ log recorded a finished job."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
 
 import pytest
 
-from workflow_support import ROOT
-
-
-def _profile_run():
-    spec = importlib.util.spec_from_file_location("profile_run", ROOT / "benchmarks" / "profile_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from workflow_support import benchmark_script
 
 
 def _snakemake(workdir, *args):
@@ -28,7 +20,7 @@ def _snakemake(workdir, *args):
 
 
 def test_newest_log_that_ran_jobs_is_picked(tmp_path):
-    pr = _profile_run()
+    pr = benchmark_script("profile_run")
     (tmp_path / "Snakefile").write_text(
         'rule all:\n'
         '    input: "results/shards_bf16/m/b/c/s0.parquet", "results/shards/m/b/c/s0.parquet"\n'

@@ -5,20 +5,12 @@ estimates are compared with it."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
 import yaml
 
-from workflow_support import DATA, ROOT, TINY
-
-
-def _replay():
-    spec = importlib.util.spec_from_file_location("progress_replay", ROOT / "benchmarks" / "progress_replay.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from workflow_support import DATA, TINY, benchmark_script
 
 
 def test_replay_compares_both_estimates_with_the_time_left(tmp_path):
@@ -51,7 +43,7 @@ def test_replay_compares_both_estimates_with_the_time_left(tmp_path):
         os.utime(c.path, (t, t))
     events.write_text("\n".join(lines) + "\n")
     out = tmp_path / "replay.json"
-    assert _replay().main(["--results", str(tmp_path / "results"), "--config", str(path),
+    assert benchmark_script("progress_replay").main(["--results", str(tmp_path / "results"), "--config", str(path),
                            "--baseline", "2ad0a12", "--every", "60", "--out", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["cells"] == len(cells) and rec["rows"]
