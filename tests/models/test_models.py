@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 
+from safetyrepro.compute_dtype import compute_dtype, native_bf16
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError, ModelError
 from safetyrepro.models import format_prompt, format_prompt_parts, load_model, prepare_model
@@ -210,7 +211,12 @@ def test_load_quantizations_on_cpu(cfg, smol, quant, dtype, engine):
     assert info["torch_version"] == torch.__version__
     assert info["transformers_version"] and info["bitsandbytes_version"]
     assert lm.tokenizer.padding_side == "left" and lm.tokenizer.pad_token_id is not None
-    assert lm.model.get_input_embeddings().weight.dtype == dtype
+    # the engine computes in float32 where this CPU has no native bf16 (runtime.cpu_compute_dtype
+    # auto); the model as transformers loads it keeps its storage dtype
+    expected = getattr(torch, compute_dtype("auto", "cpu", quant)) if engine else dtype
+    assert lm.model.get_input_embeddings().weight.dtype == expected
+    assert info["compute_dtype"] == str(expected).removeprefix("torch.")
+    assert info["cpu_native_bf16"] == native_bf16()
     linear_types = {type(m).__name__ for m in lm.model.modules() if "Linear" in type(m).__name__}
     if quant == "nf4":
         assert info["dtype"] == "nf4/bfloat16"
