@@ -43,8 +43,12 @@ dryrun: $(STAMP)
 	$(VENV)/bin/snakemake -n --cores $(CORES) --resources gpu=1 --configfile $(CONFIG) --profile profiles/default
 
 # Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's last step).
+# TEST_WORKERS=N: N pytest-xdist processes, one test file each at a time (tests/conftest.py starts
+# the files with slow tests first); 0 (the default until measured in CI) runs one process.
+TEST_WORKERS ?= 0
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slurm"
+	$(VENV)/bin/python -m pytest -q -m "not slurm" $(XDIST)
 
 # The edit loop's tier: every test not marked slow (real models, whole workflows, full dry runs,
 # Monte-Carlo sizes, fuzzing) and not slurm. It proves less than `make test`, the complete suite.
