@@ -59,14 +59,13 @@ def smol_fp32(default_cfg):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files holding slow tests first, each file's tests kept together and in order: under
-    `make test`'s two pytest-xdist workers (--dist loadfile) the long files start early
-    instead of leaving one worker alone with them at the end."""
+    """Files holding slow tests first, each file's tests kept together and in order (the sort
+    is stable): under `make test TEST_WORKERS=N` (pytest-xdist, --dist loadfile) the long files
+    start early instead of leaving one worker alone with them at the end."""
     first_index: dict[str, int] = {}
     has_slow: dict[str, bool] = {}
     for i, item in enumerate(items):
         path = str(item.path)
         first_index.setdefault(path, i)
         has_slow[path] = has_slow.get(path, False) or item.get_closest_marker("slow") is not None
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda it: (not has_slow[str(it.path)], first_index[str(it.path)], order[id(it)]))
+    items.sort(key=lambda it: (not has_slow[str(it.path)], first_index[str(it.path)]))
