@@ -124,7 +124,8 @@ def test_card_block_and_report_section(tmp_path):
 
     rows = [{"package": p, "version": "v", "benchmark": "bbq", "model": m, "object": "o", "prompt_sha256": "ab" * 32,
              "precision": "bf16" if p == "inspect" else "nf4", "numerics": "n",
-             "first_prompt": "p", "score": s, "n_items": 4, "chosen": {"i": 0}}
+             # compute: what the row ran in; None stands for a table written before the column
+             "compute": "fp32" if p == "inspect" else None, "first_prompt": "p", "score": s, "n_items": 4, "chosen": {"i": 0}}
             for p, m, s in (("safetyrepro-freeform", "a", 0.5), ("safetyrepro-freeform", "b", 0.25),
                             ("inspect", "a", 0.0), ("inspect", "b", 0.75))]
     xp = cross_package_table(rows, {("bbq", "a"): {"i": 0}, ("bbq", "b"): {"i": 1}})
@@ -139,11 +140,12 @@ def test_card_block_and_report_section(tmp_path):
             "envelope": {"n_configs": 1, "score_min": 0, "score_max": 0, "score_range": 0, "score_median": 0,
                          "config_min": "c", "config_max": "c"}, "comparisons": [], "cross_package": e}
     md = card_markdown(card)
-    assert "Spread across packages on this benchmark: 50.0 pp" in md and "| inspect | v | bf16 | 0.000 | 4 | 1.000 |" in md
+    assert "Spread across packages on this benchmark: 50.0 pp" in md and "| inspect | v | bf16 | fp32 | 0.000 | 4 | 1.000 |" in md
+    assert "| safetyrepro-freeform | v | nf4 | – | 0.500 | 4 | 1.000 |" in md
     lines = cross_package_section(lambda name, render: render(xp), tmp_path, tmp_path / "report.md")
     text = "\n".join(lines)
     assert "## The nominal configuration in other packages" in text and "_figure `cross_package.png`" in text
-    assert "| precision |" in text and "| nf4 |" in text
+    assert "| precision | compute |" in text and "| nf4 |" in text and "| fp32 |" in text
 
 
 def test_figure_keeps_one_colour_per_package_across_benchmarks():
@@ -179,11 +181,22 @@ def test_short_model_names():
 
 
 @pytest.mark.slow
-def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
+@pytest.mark.parametrize("compute", ["bf16", "float32"])
+def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path, compute):
     """run_stage end to end on 2 TruthfulQA items and SmolLM2: lm-eval and Inspect for real; the
     run's item_results are written by hand here (the nominal cells' rows and the aggregate's
-    metadata keys), since producing them for real needs the whole envelope."""
+    metadata keys), since producing them for real needs the whole envelope. Under both
+    ``runtime.cpu_compute_dtype`` settings: every package computes the bf16 model in it."""
     import pandas as pd
+    import yaml
+
+    from config_support import config_copy
+    from safetyrepro.config import load_config
+
+    raw = config_copy(default_cfg.path)
+    raw.setdefault("runtime", {}).update(cpu_compute_dtype=compute, device="cpu")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw))
+    default_cfg = load_config(tmp_path / "config.yaml")
 
     from safetyrepro.crosspkg.stage import run_stage
     from safetyrepro.io import read_metadata, write_parquet
@@ -220,6 +233,12 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path):
     # free-form from the bf16 cells (the nominal precision), logprob from the run's nf4 cells
     assert t["precision"].to_dict() == {"inspect": "bf16", "lm-eval": "bf16", "safetyrepro-freeform": "bf16",
                                         "safetyrepro-logprob": "nf4"}
+    short = {"bf16": "bf16", "float32": "fp32"}[compute]
+    # nf4 cells compute in the same setting (auto aside, the setting applies to nf4 and bf16 alike)
+    assert t["compute"].to_dict() == {p: short for p in t.index}
+    assert all(f"{short} arithmetic" in n for n in t["numerics"])
+    # float32: lm-eval's tokenizer and Inspect read a bf16-rounded copy of the folder
+    assert (tmp_path / "work" / "smollm2-135m" / "bf16_weights" / ".complete").exists() == (compute == "float32")
     assert "item_results_bf16" in t.loc["safetyrepro-freeform", "numerics"]
     assert t.loc["safetyrepro-freeform", "score"] == 1.0 and t.loc["safetyrepro-logprob", "score"] == 0.0
     assert t.loc["safetyrepro-freeform", "agreement"] == 1.0 and t.loc["safetyrepro-logprob", "agreement"] == 0.0
@@ -270,3 +289,29 @@ def test_lmeval_loop_is_a_config_choice(tmp_path):
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     with pytest.raises(ConfigError, match="cross_package_lmeval_loop"):
         load_config(path)
+
+
+@pytest.mark.slow
+def test_bf16_weights_copy_holds_the_rounded_model(default_cfg, tmp_path):
+    """The copy another package loads in float32 holds exactly the bf16-rounded weights the
+    run's bf16 model has, with the folder's tokenizer; a second call reuses it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from safetyrepro.crosspkg.stage import bf16_weights
+    from safetyrepro.models.prepare import prepare_model
+
+    folder = prepare_model(default_cfg, "smollm2-135m", progress=False)
+    dest = bf16_weights(folder, tmp_path / "copy")
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
+    got = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32).state_dict()
+    assert set(got) == set(ref)
+    for k, v in ref.items():
+        assert got[k].dtype == torch.float32
+        assert torch.equal(got[k], v.to(torch.bfloat16).float()), k
+    assert not all(torch.equal(got[k], v) for k, v in ref.items())   # rounding did change values
+    assert AutoTokenizer.from_pretrained(dest)("Hello")["input_ids"] == AutoTokenizer.from_pretrained(folder)("Hello")["input_ids"]
+    weights = sorted(dest.glob("*.safetensors"))
+    stamp = [f.stat().st_mtime_ns for f in weights]
+    assert bf16_weights(folder, tmp_path / "copy") == dest
+    assert [f.stat().st_mtime_ns for f in weights] == stamp

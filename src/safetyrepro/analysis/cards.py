@@ -26,7 +26,8 @@ from .common import (check_same_rules, load_cell_scores, read_table, source_reco
 from .outputs import CARDS_INDEX, card_stem, table_outputs
 from .scale_probe import probe_line
 
-CARD_VERSION = 4  # 3: chat template hash, numerics and batch plans disclosed; 4: precision check
+CARD_VERSION = 5  # 3: chat template hash, numerics and batch plans disclosed; 4: precision check;
+#                   5: the cross-package rows name their arithmetic (compute)
 
 
 class Provenance(TypedDict):
@@ -271,11 +272,13 @@ def card_markdown(card: dict) -> str:
                   f"Spread across packages on this benchmark: {xp['spread_pp']:.1f} pp (this model: "
                   f"{xp['spread_model_pp']:.1f} pp); model ordering changes across packages: "
                   f"{'yes' if xp['ordering_changes'] else 'no'} (docs/CROSS_PACKAGE.md).", "",
-                  "| package | version | precision | score | items | agreement with the nominal cell | prompt sha256 |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| package | version | precision | compute | score | items | agreement with the nominal cell "
+                  "| prompt sha256 |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in xp["rows"]:
             ag = "–" if r["agreement"] is None else f"{r['agreement']:.3f}"
-            lines.append(f"| {r['package']} | {r['version']} | {r['precision']} | {r['score']:.3f} | {r['n_items']} | "
+            lines.append(f"| {r['package']} | {r['version']} | {r['precision']} | {r.get('compute') or '–'} | "
+                         f"{r['score']:.3f} | {r['n_items']} | "
                          f"{ag} | `{r['prompt_sha256'][:12]}` |")
     pc = card.get("precision_check")
     if pc:
@@ -311,6 +314,7 @@ def cross_package_entry(xp: pd.DataFrame, model: str, benchmark: str) -> dict | 
     if sub.empty:
         return None
     rows = [{"package": r.package, "version": str(r.version), "precision": str(r.precision),
+             "compute": None if pd.isna(getattr(r, "compute", None)) else str(r.compute),
              "numerics": str(r.numerics), "score": float(r.score), "n_items": int(r.n_items),
              "agreement": None if pd.isna(r.agreement) else float(r.agreement),
              "prompt_sha256": r.prompt_sha256, "object": r.object} for r in sub.itertuples()]

@@ -330,10 +330,11 @@ def cross_package_section(section, figures_dir: Path, out_path: Path) -> list[st
            "items where the package picks the option SafetyRepro's nominal free-form cell picks. Spread: max - "
            "min over packages (percentage points), per model and its max over models. Precision: the weights' "
            "precision of each row (the nominal configuration is compared in bf16; SafetyRepro's rows are the bf16 "
-           "precision check's nominal cells where the run has them, else the run's own cells in its quantization).", ""]
+           "precision check's nominal cells where the run has them, else the run's own cells in its quantization). "
+           "Compute: the arithmetic the row ran in (float32 on a CPU without native bf16, for every package).", ""]
     out.append(section("cross_package", lambda d: md_table(d, {
         "benchmark": "benchmark", "model": "model", "package": "package", "version": "version",
-        "precision": "precision", "score": "score", "n_items": "items", "agreement": "agreement", "spread_model_pp": "spread (pp)",
+        "precision": "precision", "compute": "compute", "score": "score", "n_items": "items", "agreement": "agreement", "spread_model_pp": "spread (pp)",
         "spread_pp": "benchmark spread (pp)", "ordering_changes": "ordering changes",
         "prompt_sha256": "prompt sha256"})))
     out += ["", _figure(figures_dir, "cross_package", out_path, "scores per package"), ""]

@@ -125,5 +125,5 @@ def register_stage(app: typer.Typer) -> None:
         df = run_stage(cfg, items_dir, item_results, out, work, models=model or None,
                        packages=tuple(package or ("lm-eval", "inspect")), figure=figure,
                        item_results_bf16=item_results_bf16, lmeval_loop=lmeval_loop)
-        cols = ["benchmark", "model", "package", "precision", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
+        cols = ["benchmark", "model", "package", "precision", "compute", "score", "n_items", "agreement", "spread_pp", "ordering_changes"]
         typer.echo(df[cols].to_string(index=False))

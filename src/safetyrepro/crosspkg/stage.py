@@ -14,6 +14,7 @@ import gc
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from ..items import read_items
 from ..models.load import compute_threads, load_model, resolve_device
 from ..models.prepare import prepare_model
 from ..provenance import code_version_string
+from ..runtime import RuntimeSettings
 from ..sysutil import package_version
 from ..tasks import load_task
 from .inspect_tasks import LETTERS, _task, write_inspect_data
@@ -63,14 +65,16 @@ def _sha(text: str) -> str:
 
 
 def safetyrepro_rows(sources: list[tuple[pd.DataFrame, str, str]], items: dict, nominal: str,
-                     code_version: str) -> tuple[list, dict]:
+                     code_version: str, compute_of=None) -> tuple[list, dict]:
     """Rows for the run's own nominal cells (free-form and its logprob twin) and the chosen
     option per (benchmark, model, item) of the free-form cell (the agreement reference).
 
     ``sources``: ``(item_results, variant, path)`` in order of preference; each (cell,
     benchmark, model) comes from the first table that has it (the stage passes the bf16
     precision check's results first, :meth:`safetyrepro.plan.Plan.nominal_bf16_configs`).
-    Every row records its ``precision`` and its source."""
+    Every row records its ``precision`` and its source; ``compute_of(quantization)`` gives the
+    arithmetic its cells ran in (the run's ``RuntimeSettings.compute_dtype``, which is in every
+    cell's fingerprint), recorded as ``compute``."""
     for ir, _, path in sources:
         missing = {"config", "seed", "benchmark", "model", "item_id", "correct", "quantization"} - set(ir.columns)
         if missing:
@@ -109,9 +113,11 @@ def safetyrepro_rows(sources: list[tuple[pd.DataFrame, str, str]], items: dict, 
                     chosen[r.item_id] = labels.index(lab) if labels and lab in labels else None
             if kind == "freeform":
                 chosen_ref[(b, m)] = chosen
+            compute = _short_dtype(compute_of(quants[0])) if compute_of else None
             rows.append({"package": f"safetyrepro-{kind}", "version": code_version, "benchmark": b, "model": m,
-                         "precision": quants[0],
-                         "numerics": (f"the run's {cfg_id} cell in {quants[0]} "
+                         "precision": quants[0], "compute": compute,
+                         "numerics": (f"the run's {cfg_id} cell in {quants[0]}"
+                                      + (f" ({compute} arithmetic) " if compute else " ")
                                       + ("(the precision check's cells, item_results_bf16)" if variant == "bf16"
                                          else "(the run's own cells, item_results)")),
                          "object": f"SafetyRepro {cfg_id}: template {tid} as chat messages "
@@ -132,12 +138,13 @@ LMEVAL_LOOPS = ("shared-context", "stock")
 
 def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path, *, engine=None,
                 loop: str = "shared-context", dtype: str = "bfloat16", device: str = "cpu",
-                batch_size: int = 16, shots: int = 0) -> list[dict]:
+                batch_size: int = 16, shots: int = 0, weights: str | None = None) -> list[dict]:
     """lm-eval's own tasks on the run's items. ``shots`` > 0 draws the exemplars from the run's
     few-shot pool (``fewshot``: benchmark -> items, first n in order); a task whose own file
     fixes ``num_fewshot`` keeps it, as lm-eval does. ``loop``: ``"shared-context"``
     (:class:`.lmeval_model.SharedContextHFLM` over the loaded ``engine``) or ``"stock"``
-    (lm-eval's ``HFLM`` loading ``folder`` in ``dtype`` on ``device``)."""
+    (lm-eval's ``HFLM`` loading ``folder`` in ``dtype`` on ``device``; ``weights`` names the
+    precision of the folder's weights where it differs from ``dtype``, see :func:`bf16_weights`)."""
     from lm_eval import simple_evaluate  # deferred: lm-eval is optional (harness extra)
     from lm_eval.models.huggingface import HFLM  # deferred: lm-eval is optional
     from lm_eval.tasks import TaskManager  # deferred: lm-eval is optional
@@ -153,9 +160,10 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
         return []
     if loop == "stock":
         lm = HFLM(pretrained=str(folder), device=device, dtype=dtype, batch_size=batch_size)
-        precision = _short_dtype(dtype)
-        numerics = (f"lm-eval's HFLM loop: one forward per candidate over context + candidate, "
-                    f"log-softmax in {precision}")
+        precision = weights or _short_dtype(dtype)
+        compute = _short_dtype(dtype)
+        numerics = (f"lm-eval's HFLM loop: {precision} weights in {compute} arithmetic, one forward per "
+                    f"candidate over context + candidate, log-softmax in {compute}")
     else:
         if engine is None:
             raise ValueError("the shared-context loop needs the loaded model (engine=load_model(...))")
@@ -163,8 +171,9 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
 
         lm = SharedContextHFLM(engine, tokenizer=str(folder), batch_size=batch_size)
         precision = _short_dtype(engine.info["dtype"])
-        numerics = (f"lm-eval's requests and token ids scored by SafetyRepro's scorer: {precision} weights and "
-                    "matmuls, each context computed once, log-softmax in fp32")
+        compute = _short_dtype(engine.info.get("compute_dtype", engine.info["dtype"]))
+        numerics = (f"lm-eval's requests and token ids scored by SafetyRepro's scorer: {precision} weights in "
+                    f"{compute} arithmetic, each context computed once, log-softmax in fp32")
     out = simple_evaluate(model=lm, tasks=sorted(names), num_fewshot=shots or None, log_samples=True,
                           task_manager=TaskManager(include_path=str(task_dir), include_defaults=False), bootstrap_iters=0)
     version = package_version("lm_eval")
@@ -189,10 +198,39 @@ def lmeval_rows(folder: str, model: str, items: dict, fewshot: dict, work: Path,
             raise DataError(task_dir / f"{task}.yaml", f"lm-eval scored {len(chosen)} items, the run has {len(ids)}")
         first = _first_context(samples[0]["arguments"])
         rows.append({"package": "lm-eval", "version": version, "benchmark": b, "model": model,
-                     "precision": precision, "numerics": numerics,
+                     "precision": precision, "compute": compute, "numerics": numerics,
                      "object": OBJECTS[("lm-eval", b)], "prompt_sha256": _sha(first), "first_prompt": first,
                      "score": sum(per_item) / len(per_item), "n_items": len(per_item), "chosen": chosen})
     return rows
+
+
+def bf16_weights(folder: Path, dest: Path) -> Path:
+    """A copy of model ``folder`` with its weights rounded to bf16 and stored so, for a package
+    that loads a folder in float32 to run the bf16 model in float32 arithmetic (what the run's
+    own bf16 cells do on a CPU without native bf16). Tokenizer and other files are linked."""
+    import torch  # deferred: torch and transformers, only where this copy is needed
+    from transformers import AutoModelForCausalLM
+
+    folder, dest = Path(folder), Path(dest)
+    done = dest / ".complete"
+    # the source folder and its weight files as they are now: a re-prepared folder is copied again
+    stamp = json.dumps([str(folder.resolve())] + sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                                                      for f in folder.iterdir() if f.is_file()))
+    if done.exists() and done.read_text() == stamp:
+        return dest
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    model.save_pretrained(dest)
+    del model
+    gc.collect()
+    for f in folder.iterdir():
+        if f.is_file() and not (dest / f.name).exists() and not f.name.endswith((".safetensors", ".bin")) \
+                and f.name != "model.safetensors.index.json":
+            (dest / f.name).symlink_to(f.resolve())
+    done.write_text(stamp)
+    return dest
 
 
 def _short_dtype(name: str) -> str:
@@ -232,9 +270,10 @@ def _lmeval_choice_to_run(b: str, doc: dict, j: int, items: pd.DataFrame) -> int
 
 
 def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: int = 8,
-                 device: str = "cpu") -> list[dict]:
+                 device: str = "cpu", dtype: str = "bfloat16", weights: str = "bf16") -> list[dict]:
     """Inspect's ``multiple_choice`` + ``choice`` on the run's choice items: every benchmark a
-    task of ONE ``inspect_ai.eval`` call, so Inspect's HF provider loads the model once."""
+    task of ONE ``inspect_ai.eval`` call, so Inspect's HF provider loads the model once, from
+    ``folder`` in ``dtype`` (``weights``: the precision of the values the folder holds)."""
     from inspect_ai import eval as inspect_eval  # deferred: inspect_ai is optional (harness extra)
 
     version = package_version("inspect_ai")
@@ -245,7 +284,8 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
                    name=f"safetyrepro_{b}") for b in benches]
     logs = inspect_eval(tasks, model=f"hf/{model}", display="none", log_dir=str(work / "inspect_logs"),
                         model_args={"model_path": str(folder), "device": device, "do_sample": False,
-                                    "dtype": "bfloat16"})
+                                    "dtype": dtype})
+    compute = _short_dtype(dtype)
     by_task = {log.eval.task: log for log in logs}
     rows = []
     for b in benches:
@@ -262,8 +302,9 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
         first = json.dumps([{"role": m.role, "content": m.text} for m in log.samples[0].messages
                             if m.role != "assistant"])
         rows.append({"package": "inspect", "version": version, "benchmark": b, "model": model,
-                     "precision": "bf16", "numerics": "Inspect's HF provider: transformers generate (greedy) "
-                                                      "with the weights loaded in bf16",
+                     "precision": weights, "compute": compute,
+                     "numerics": f"Inspect's HF provider: transformers generate (greedy), {weights} weights in "
+                                 f"{compute} arithmetic",
                      "object": OBJECTS[("inspect", b)], "prompt_sha256": _sha(first), "first_prompt": first,
                      "score": sum(vals) / len(vals), "n_items": len(vals), "chosen": chosen})
     return rows
@@ -320,8 +361,9 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
 
     ``item_results_bf16``: the precision check's item results (``aggregate_bf16``); the
     SafetyRepro rows take their cells from it where it has them (:func:`safetyrepro_rows`).
-    ``lmeval_loop``: see :func:`lmeval_rows`. lm-eval (shared-context loop) and Inspect load
-    each model in bf16 on the run's device (``runtime.device``)."""
+    ``lmeval_loop``: see :func:`lmeval_rows`. lm-eval and Inspect run each model with bf16
+    weights on the run's device (``runtime.device``), in the arithmetic the run's bf16 cells
+    use there (``runtime.cpu_compute_dtype``: float32 on a CPU without native bf16)."""
     import torch  # deferred: torch; the table and figure helpers run without it
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")        # local folders only: no hub look-ups
@@ -343,22 +385,27 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
         raise DataError(item_results, f"analysis.nominal_config {nominal!r} has {shots} shots; the stage's Inspect "
                                       "task has no few-shot exemplars (use --package lm-eval)")
     sources = [(pd.read_parquet(p), v, p) for p, v in ((item_results_bf16, "bf16"), (item_results, "main")) if p]
-    rows, ref = safetyrepro_rows(sources, items, nominal, code_version_string())
+    runtime = RuntimeSettings.from_config(cfg)
+    rows, ref = safetyrepro_rows(sources, items, nominal, code_version_string(), compute_of=runtime.compute_dtype)
     device = resolve_device(cfg.section("runtime").get("device", "auto"))
+    # the other packages run the bf16 model in the arithmetic the run's bf16 cells ran in: on a
+    # CPU without native bf16 that is float32 over bf16-rounded weights (runtime.cpu_compute_dtype)
+    compute = runtime.compute_dtype("bf16")
     timings = {}
     for m in models or cfg.models:
         folder = prepare_model(cfg, m, progress=False)
+        hf_folder = bf16_weights(folder, Path(work) / m / "bf16_weights") if compute == "float32" else folder
         if "lm-eval" in packages:
             t = time.perf_counter()
             engine = load_model(cfg, m, quantization="bf16") if lmeval_loop == "shared-context" else None
-            rows += lmeval_rows(str(folder), m, items, fewshot, Path(work) / m, engine=engine, loop=lmeval_loop,
-                                device=device, shots=shots)
+            rows += lmeval_rows(str(hf_folder), m, items, fewshot, Path(work) / m, engine=engine, loop=lmeval_loop,
+                                device=device, shots=shots, dtype=compute, weights="bf16")
             del engine
             gc.collect()
             timings[f"lm-eval/{m}"] = time.perf_counter() - t
         if "inspect" in packages:
             t = time.perf_counter()
-            rows += inspect_rows(str(folder), m, items, Path(work) / m, device=device)
+            rows += inspect_rows(str(hf_folder), m, items, Path(work) / m, device=device, dtype=compute)
             timings[f"inspect/{m}"] = time.perf_counter() - t
     df = cross_package_table(rows, ref)
     inputs = [(Path(p), read_metadata(p)) for p in (item_results, item_results_bf16) if p]
