@@ -8,7 +8,11 @@ SafetyRepro rows are read from the run's item results and cost nothing):
   ``stock`` (lm-eval's HFLM loading the folder; one forward per candidate: before) and
   ``shared-context`` (the stage's default: the model loaded by SafetyRepro, each context once:
   after), each including its model load;
-* Inspect (multiple_choice + choice on TruthfulQA and BBQ, bf16, greedy), one eval call.
+* Inspect (multiple_choice + choice on TruthfulQA and BBQ, bf16 weights, greedy), one eval call
+  per arithmetic of ``--inspect-compute``: ``bfloat16`` (the folder loaded in bf16) and
+  ``float32`` (the bf16-rounded copy, :func:`~safetyrepro.crosspkg.stage.bf16_weights`, loaded
+  in float32: what the stage runs on a CPU without native bf16); with both, how many items
+  the two choose alike.
 
 Per call: wall seconds, CPU seconds of this process (less sensitive to other load on a shared
 machine than wall time), the token positions the model computed (inputs of every forward,
@@ -58,6 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=None, help="default: the config's models")
     ap.add_argument("--loops", nargs="+", default=["stock", "shared-context"], help="lm-eval loops to time")
     ap.add_argument("--no-inspect", action="store_true", help="time lm-eval only")
+    ap.add_argument("--inspect-compute", nargs="+", default=["bfloat16"], choices=["bfloat16", "float32"],
+                    help="Inspect's arithmetic, each timed (float32 over the bf16-rounded copy)")
+    ap.add_argument("--name", default="crosspkg", help="record name (results/<name>.json)")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -66,7 +73,8 @@ def main(argv=None) -> int:
     from transformers import PreTrainedModel
 
     from safetyrepro.config import load_config
-    from safetyrepro.crosspkg.stage import INSPECT_BENCHMARKS, LMEVAL_BENCHMARKS, inspect_rows, lmeval_rows
+    from safetyrepro.crosspkg.stage import (INSPECT_BENCHMARKS, LMEVAL_BENCHMARKS, bf16_weights, inspect_rows,
+                                             lmeval_rows)
     from safetyrepro.items import read_items
     from safetyrepro.items.build import build_items
     from safetyrepro.models.load import load_model
@@ -117,20 +125,30 @@ def main(argv=None) -> int:
             a, b = (chosen[x] for x in args.loops)
             rec["lmeval_loops_same_choice"] = {
                 bb: f"{sum(a[bb][i] == b[bb][i] for i in a[bb])}/{len(a[bb])}" for bb in a}
-        if not args.no_inspect:
+        ins_chosen = {}
+        for dtype in ([] if args.no_inspect else args.inspect_compute):
             counter.positions = counter.calls = 0
-            ins, wall, cpu = _timed(lambda: inspect_rows(folder, m, items, work / m))
+            # float32: the copy's preparation is timed with the call, as the stage pays it once per model
+            src = (lambda: str(bf16_weights(folder, work / m / "bf16_weights"))) if dtype == "float32" else lambda: folder
+            ins, wall, cpu = _timed(lambda: inspect_rows(src(), m, items, work / m / dtype, dtype=dtype))
             gc.collect()
-            rec["inspect"] = {"wall_s": wall, "cpu_s": cpu, "positions": counter.positions,
-                              "forwards": counter.calls, "scores": {r["benchmark"]: r["score"] for r in ins}}
-            rows.append([m, "inspect", f"{wall:.1f}", f"{cpu:.1f}", str(counter.positions)])
+            ins_chosen[dtype] = {r["benchmark"]: r["chosen"] for r in ins}
+            rec.setdefault("inspect", {})[dtype] = {
+                "wall_s": wall, "cpu_s": cpu, "positions": counter.positions, "forwards": counter.calls,
+                "scores": {r["benchmark"]: r["score"] for r in ins}}
+            rows.append([m, f"inspect {dtype}", f"{wall:.1f}", f"{cpu:.1f}", str(counter.positions)])
+        if len(ins_chosen) == 2:
+            a, b = ins_chosen.values()
+            rec["inspect_computes_same_choice"] = {
+                bb: f"{sum(a[bb][i] == b[bb][i] for i in a[bb])}/{len(a[bb])}" for bb in a}
         records.append(rec)
     stage_loop = "shared-context" if "shared-context" in args.loops else args.loops[-1]
-    total = {loop: sum(r["lmeval"][loop]["wall_s"] + r.get("inspect", {}).get("wall_s", 0.0) for r in records)
-             for loop in args.loops}
-    for loop, t in total.items():
-        rows.append(["total", f"lm-eval {loop} + inspect", f"{t:.1f}", "", ""])
-    publish("crosspkg", ["model", "call", "wall s", "cpu s", "positions"], rows,
+    total = {f"{loop} + inspect {d}": sum(r["lmeval"][loop]["wall_s"] + r.get("inspect", {}).get(d, {}).get("wall_s", 0.0)
+                                          for r in records)
+             for loop in args.loops for d in args.inspect_compute}
+    for what, t in total.items():
+        rows.append(["total", f"lm-eval {what}", f"{t:.1f}", "", ""])
+    publish(args.name, ["model", "call", "wall s", "cpu s", "positions"], rows,
             {"records": records, "total_wall_s": total, "stage_loop": stage_loop,
              "loadavg_start": load_start, "loadavg_end": [round(x, 2) for x in os.getloadavg()]},
             out_dir=args.out)
