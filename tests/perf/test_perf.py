@@ -11,7 +11,7 @@ import pytest
 
 from safetyrepro.config import load_config
 from safetyrepro.paths import PROJECT_ROOT
-from safetyrepro.perf.machine import describe, machine_info, peak_rss_mib
+from safetyrepro.perf.machine import ISA_FLAGS, cpu_id, cpu_isa, describe, machine_info, peak_rss_mib
 from safetyrepro.perf.report import publish, save
 from safetyrepro.perf.timing import alternate, format_table
 from safetyrepro.perf.workload import freeform_prompts, load_workload, logprob_requests
@@ -49,6 +49,18 @@ def test_machine_record_and_saved_json(tmp_path):
     info = machine_info()
     assert info["cores"] >= 1 and info["torch_threads"] >= 1 and len(info["loadavg"]) == 3
     assert "torch" in describe(info) and peak_rss_mib() > 10
+    # the CPU named beyond a VM's bare model name: one token per instruction set, present or "-"
+    assert len(info["cpu_isa"].split()) == len(ISA_FLAGS) and info["cpu_isa"] in describe(info)
+    assert cpu_isa(frozenset({"avx2", "avx512_bf16"})) == "avx2 -avx512f avx512_bf16 -amx_bf16"
+
+
+def test_cpu_id_reads_family_and_model(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+                 "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 99\n")
+    assert cpu_id(str(f)) == "family 25 model 1"
+    f.write_text("processor\t: 0\nFeatures\t: fp asimd bf16\n")   # Arm: no family line
+    assert cpu_id(str(f)) is None and cpu_id(str(tmp_path / "none")) is None
     path = save("unit", {"x": 1}, out_dir=tmp_path)
     rec = json.loads(path.read_text())
     assert rec["benchmark"] == "unit" and rec["x"] == 1 and rec["machine"]["cpu"]

@@ -1,4 +1,5 @@
-"""What a benchmark ran on: CPU, cores, torch threads, library versions, load average; and
+"""What a benchmark ran on: CPU (its name, family/model and the vector and bf16 instructions
+that decide a timing's meaning), cores, torch threads, library versions, load average; and
 process memory (peak resident set size)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import platform
 import resource
 import sys
 
-from ..compute_dtype import describe_cpu
+from ..compute_dtype import cpu_flags, describe_cpu
 from ..sysutil import package_version
 
 
@@ -23,6 +24,34 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# the instruction sets that separate the CPU families this project is timed on
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_id(path: str = "/proc/cpuinfo") -> str | None:
+    """``"family 25 model 1"`` (x86): a VM's model name is often only "AMD EPYC"."""
+    fields = {}
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in ("cpu family", "model") and key.strip() not in fields:
+                    fields[key.strip()] = value.strip()
+                if not line.strip():
+                    break
+    except OSError:
+        return None
+    if "cpu family" not in fields:
+        return None
+    return f"family {fields['cpu family']} model {fields.get('model', '?')}"
+
+
+def cpu_isa(flags: frozenset[str] | None = None) -> str:
+    """``"avx2 avx512f -avx512_bf16 -amx_bf16"``: which of :data:`ISA_FLAGS` the CPU has."""
+    flags = cpu_flags() if flags is None else flags
+    return " ".join(f if f in flags else f"-{f}" for f in ISA_FLAGS)
+
+
 def machine_info() -> dict:
     import torch  # deferred: torch; describe and peak_rss_mib run without it
 
@@ -33,6 +62,8 @@ def machine_info() -> dict:
         pass
     return {
         "cpu": cpu_model(),
+        "cpu_id": cpu_id(),
+        "cpu_isa": cpu_isa(),
         "cores": os.cpu_count(),
         "memory_gib": mem_gib,
         "torch_threads": torch.get_num_threads(),
@@ -49,7 +80,9 @@ def machine_info() -> dict:
 def describe(info: dict) -> str:
     """One line for a results table header."""
     dev = f", GPU {info['cuda']}" if info.get("cuda") else ""
-    return (f"{info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB{dev}; torch "
+    ident = "; ".join(x for x in (info.get("cpu_id"), info.get("cpu_isa")) if x)
+    cpu = f"{info['cpu']} ({ident})" if ident else info["cpu"]
+    return (f"{cpu}, {info['cores']} cores, {info['memory_gib']} GiB{dev}; torch "
             f"{info['torch']} ({info['torch_threads']} threads), transformers "
             f"{info['transformers']}, lm-eval {info['lm_eval']}; load average "
             f"{' / '.join(str(x) for x in info['loadavg'])} (1/5/15 min)")
