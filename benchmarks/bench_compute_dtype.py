@@ -122,7 +122,13 @@ def main(argv=None) -> int:
         print(json.dumps(child(a)))
         return 0
     from safetyrepro.compute_dtype import cpu_flags, native_bf16
+    from safetyrepro.config import load_config
+    from safetyrepro.items.build import build_items
     from safetyrepro.perf.machine import machine_info
+
+    # the cells read the benchmark's item subset where the run keeps it (<results_dir>/items);
+    # the same content-hashed files the workflow writes, left untouched where they exist
+    build_items(load_config(a.config), a.benchmark)
 
     capped = "AVX512_CORE" if "avx512f" in cpu_flags() else "AVX2"
     # a CPU without native bf16 already runs oneDNN's kernels without bf16: a cap adds nothing
