@@ -3,8 +3,9 @@
 An NF4 or bf16 model's effective weights are bf16 values; float32 holds each of them exactly, so
 computing in float32 runs the same model with more precise arithmetic. ``auto`` computes in
 bf16 only where the CPU multiplies bf16 natively (AMX, AVX512-BF16, Arm BF16): elsewhere oneDNN
-emulates bf16 products and a bf16 GEMM runs 1.4-2.2x slower than a float32 one
-(benchmarks/results/compute_dtype.json). GPUs always compute NF4/bf16 models in bf16.
+emulates bf16 products: a bf16 GEMM runs 1.4-2.2x slower than a float32 one with oneDNN
+capped on an AVX-512 CPU, 4.5x on an AVX2-only Zen 3, whose whole cells run 4.3-5.2x slower
+(benchmarks/results/compute_dtype.json, compute_dtype_zen3.json). GPUs always compute NF4/bf16 models in bf16.
 Standard library only (torch only for ``runtime.device: auto``): the workflow resolves it
 when it plans the run.
 """
