@@ -44,7 +44,8 @@ dryrun: $(STAMP)
 
 # Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's last step).
 # TEST_WORKERS=N: N pytest-xdist processes, one test file each at a time (tests/conftest.py starts
-# the files with slow tests first); 0 (the default until measured in CI) runs one process.
+# the files with slow tests first), for machines with more cores; 0 (the default) runs one process:
+# on 2 cores two processes only contend (1.5x slower, benchmarks/RESULTS.md section 15).
 TEST_WORKERS ?= 0
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
