@@ -209,7 +209,7 @@ def bf16_weights(folder: Path, dest: Path) -> Path:
     that loads a folder in float32 to run the bf16 model in float32 arithmetic (what the run's
     own bf16 cells do on a CPU without native bf16). Tokenizer and other files are linked."""
     import torch  # deferred: torch and transformers, only where this copy is needed
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # deferred: as torch above
 
     folder, dest = Path(folder), Path(dest)
     done = dest / ".complete"
