@@ -172,6 +172,7 @@ def _jobs_with_commands(text):
     return jobs
 
 
+@pytest.mark.slow   # a dry run of the full grid (1,764 cell jobs with their commands)
 def test_cell_and_aggregation_commands_pass_only_their_declared_files(tmp_path):
     """The rule is the contract: every file a cell or aggregation command passes is one of its
     job's declared inputs or outputs, and the cell command passes every declared input."""
