@@ -28,8 +28,10 @@ Prints a table and writes benchmarks/results/crosspkg.json. Run:
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -84,6 +86,7 @@ def main(argv=None) -> int:
     cfg = load_config(args.config)
     load_start = [round(x, 2) for x in os.getloadavg()]
     work = Path(tempfile.mkdtemp(prefix="bench-crosspkg-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)   # items, logs, bf16 copies (~2 GB)
     benches = [b for b in cfg.benchmarks if b in set(LMEVAL_BENCHMARKS) | set(INSPECT_BENCHMARKS)]
     items = {}
     for b in benches:
