@@ -237,8 +237,14 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path, compute)
     # nf4 cells compute in the same setting (auto aside, the setting applies to nf4 and bf16 alike)
     assert t["compute"].to_dict() == {p: short for p in t.index}
     assert all(f"{short} arithmetic" in n for n in t["numerics"])
-    # float32: lm-eval's tokenizer and Inspect read a bf16-rounded copy of the folder
-    assert (tmp_path / "work" / "smollm2-135m" / "bf16_weights" / ".complete").exists() == (compute == "float32")
+    # float32: lm-eval's tokenizer and Inspect read a bf16-rounded copy of the folder, removed
+    # once the model's packages ran
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    (log,) = [read_eval_log(x) for x in list_eval_logs(str(tmp_path / "work" / "smollm2-135m" / "inspect_logs"))]
+    assert log.eval.model_args["dtype"] == {"bf16": "bfloat16", "float32": "float32"}[compute]
+    assert log.eval.model_args["model_path"].endswith("bf16_weights") == (compute == "float32")
+    assert not (tmp_path / "work" / "smollm2-135m" / "bf16_weights").exists()
     assert "item_results_bf16" in t.loc["safetyrepro-freeform", "numerics"]
     assert t.loc["safetyrepro-freeform", "score"] == 1.0 and t.loc["safetyrepro-logprob", "score"] == 0.0
     assert t.loc["safetyrepro-freeform", "agreement"] == 1.0 and t.loc["safetyrepro-logprob", "agreement"] == 0.0

@@ -407,6 +407,8 @@ def run_stage(cfg, items_dir: Path, item_results: Path, out: Path, work: Path,
             t = time.perf_counter()
             rows += inspect_rows(str(hf_folder), m, items, Path(work) / m, device=device, dtype=compute)
             timings[f"inspect/{m}"] = time.perf_counter() - t
+        if hf_folder != folder:
+            shutil.rmtree(hf_folder)   # ~0.25-1.2 GB a model; rewritten in seconds when needed again
     df = cross_package_table(rows, ref)
     inputs = [(Path(p), read_metadata(p)) for p in (item_results, item_results_bf16) if p]
     meta = output_metadata("cross_package", inputs,
