@@ -138,6 +138,12 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
                model_info={"weights_hash": "synthetic", "dtype": "float32", "torch_version": "9.9"})
     with pytest.raises(ShardError, match="different dtype"):  # the other m-nf4 shards record none
         write_aggregate(plan.cfg, plan.aggregate_inputs("main"), tmp_path)
+    # the same weights in another arithmetic (float32 where the CPU has no bf16) are not mixed either
+    write_all(plan)
+    write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version(),
+               model_info={"compute_dtype": "float32"})
+    with pytest.raises(ShardError, match="different compute_dtype"):
+        write_aggregate(plan.cfg, plan.aggregate_inputs("main"), tmp_path)
     write_all(plan)
     write_cell(plan, "m-nf4", "truthfulqa", "T1-greedy-k0-freeform", 0, code_version=code_version(),
                batching={"oom_splits": [split], "plans": [plan_rec]})
@@ -149,8 +155,8 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
     assert rec["quantization"] == "nf4" and rec["weights_hash"] == "synthetic"
     # what the GRID card discloses besides: chat template, numerics, the batch plans and OOM splits
     assert "chat_template_hash" in rec and rec["chat_template_hash"] is None  # synthetic shards: none
-    assert rec["numerics"] == {f: None for f in ("dtype", "nf4_matmul", "attention", "torch_version",
-                                                 "transformers_version", "bitsandbytes_version")}
+    assert rec["numerics"] == {f: None for f in ("dtype", "compute_dtype", "nf4_matmul", "attention",
+                                                 "torch_version", "transformers_version", "bitsandbytes_version")}
     assert rec["batching"] == {"batch_size_caps": [8], "largest_batch_prompts": 5, "memory_plans": 1,
                                "oom_splits": 1}
     # one code version per distinct record: the synthetic shards' empty one and the current one

@@ -48,16 +48,17 @@ def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
 # every shard's ``model_info``: one model's shards must agree on all of them (a replaced local
 # model folder changes the weights hash; another machine the device, dtype, matmul path or
 # library versions). Fields a shard does not record count as None.
-NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "nf4_matmul", "attention",
-                   "torch_version", "transformers_version", "bitsandbytes_version",
+NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "compute_dtype", "nf4_matmul",
+                   "attention", "torch_version", "transformers_version", "bitsandbytes_version",
                    "chat_template_hash")
 
 
 SHARD_NUMERICS_FIELDS = ("chat_template_hash",)  # recorded as ShardMeta fields, not in model_info
 
 # The numerics a GRID card discloses besides weights hash, quantization, device and chat template
-CARD_NUMERICS_FIELDS = ("dtype", "nf4_matmul", "attention", "torch_version", "transformers_version",
-                        "bitsandbytes_version")
+# (compute_dtype: the arithmetic, float32 on a CPU without native bf16 even where dtype says bf16)
+CARD_NUMERICS_FIELDS = ("dtype", "compute_dtype", "nf4_matmul", "attention", "torch_version",
+                        "transformers_version", "bitsandbytes_version")
 
 
 def _numerics_value(meta: dict, field: str):
