@@ -23,17 +23,30 @@ ONEDNN_CAPS_WITHOUT_BF16 = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX5
                                       "AVX512_CORE_VNNI"})
 
 
-def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The first processor's feature flags (x86 ``flags``, Arm ``Features``); empty if unknown."""
+def cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """``/proc/cpuinfo`` as ``{key: value}``, each key's first value (the first processor's);
+    empty if the file cannot be read."""
+    fields: dict[str, str] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 key, sep, value = line.partition(":")
-                if sep and key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+def cpu_model(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name (``platform``'s guess where cpuinfo has none)."""
+    return cpuinfo(path).get("model name") or platform.processor() or platform.machine()
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The first processor's feature flags (x86 ``flags``, Arm ``Features``); empty if unknown."""
+    info = cpuinfo(path)
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
 
 
 def onednn_cap(env: dict[str, str] | None = None) -> str | None:
@@ -78,14 +91,5 @@ def planned_device(requested: str) -> str:
 def describe_cpu() -> dict:
     """What decided ``auto``: the CPU, its bf16 flags and any oneDNN cap (for records)."""
     flags = cpu_flags()
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": model, "bf16_flags": sorted(flags & BF16_FLAGS), "onednn_max_cpu_isa": onednn_cap(),
+    return {"cpu": cpu_model(), "bf16_flags": sorted(flags & BF16_FLAGS), "onednn_max_cpu_isa": onednn_cap(),
             "native_bf16": native_bf16(flags)}

@@ -5,24 +5,11 @@ process memory (peak resident set size)."""
 from __future__ import annotations
 
 import os
-import platform
 import resource
 import sys
 
-from ..compute_dtype import cpu_flags, describe_cpu
+from ..compute_dtype import cpu_flags, cpu_model, cpuinfo, describe_cpu
 from ..sysutil import package_version
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 # the instruction sets that separate the CPU families this project is timed on
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
@@ -30,17 +17,7 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 def cpu_id(path: str = "/proc/cpuinfo") -> str | None:
     """``"family 25 model 1"`` (x86): a VM's model name is often only "AMD EPYC"."""
-    fields = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                key, sep, value = line.partition(":")
-                if sep and key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                    fields[key.strip()] = value.strip()
-                if not line.strip():
-                    break
-    except OSError:
-        return None
+    fields = cpuinfo(path)
     if "cpu family" not in fields:
         return None
     return f"family {fields['cpu family']} model {fields.get('model', '?')}"
