@@ -52,6 +52,11 @@ class _Count:
             self.calls += 1
 
 
+def _same_choice(a: dict, b: dict) -> dict:
+    """Per benchmark, how many items two runs' ``{benchmark: {item: choice}}`` choose alike."""
+    return {bb: f"{sum(a[bb][i] == b[bb][i] for i in a[bb])}/{len(a[bb])}" for bb in a}
+
+
 def _timed(fn):
     w, c = time.perf_counter(), time.process_time()
     out = fn()
@@ -125,15 +130,17 @@ def main(argv=None) -> int:
                                    "precision": lm[0]["precision"] if lm else None}
             rows.append([m, f"lm-eval {loop}", f"{wall:.1f}", f"{cpu:.1f}", str(counter.positions)])
         if len(chosen) == 2:
-            a, b = (chosen[x] for x in args.loops)
-            rec["lmeval_loops_same_choice"] = {
-                bb: f"{sum(a[bb][i] == b[bb][i] for i in a[bb])}/{len(a[bb])}" for bb in a}
+            rec["lmeval_loops_same_choice"] = _same_choice(*(chosen[x] for x in args.loops))
         ins_chosen = {}
         for dtype in ([] if args.no_inspect else args.inspect_compute):
             counter.positions = counter.calls = 0
-            # float32: the copy's preparation is timed with the call, as the stage pays it once per model
-            src = (lambda: str(bf16_weights(folder, work / m / "bf16_weights"))) if dtype == "float32" else lambda: folder
-            ins, wall, cpu = _timed(lambda: inspect_rows(src(), m, items, work / m / dtype, dtype=dtype))
+
+            def run(dtype=dtype):
+                # float32: the copy's preparation is timed with the call, as the stage pays it once per model
+                src = str(bf16_weights(folder, work / m / "bf16_weights")) if dtype == "float32" else folder
+                return inspect_rows(src, m, items, work / m / dtype, dtype=dtype)
+
+            ins, wall, cpu = _timed(run)
             gc.collect()
             ins_chosen[dtype] = {r["benchmark"]: r["chosen"] for r in ins}
             rec.setdefault("inspect", {})[dtype] = {
@@ -141,9 +148,7 @@ def main(argv=None) -> int:
                 "scores": {r["benchmark"]: r["score"] for r in ins}}
             rows.append([m, f"inspect {dtype}", f"{wall:.1f}", f"{cpu:.1f}", str(counter.positions)])
         if len(ins_chosen) == 2:
-            a, b = ins_chosen.values()
-            rec["inspect_computes_same_choice"] = {
-                bb: f"{sum(a[bb][i] == b[bb][i] for i in a[bb])}/{len(a[bb])}" for bb in a}
+            rec["inspect_computes_same_choice"] = _same_choice(*ins_chosen.values())
         records.append(rec)
     stage_loop = "shared-context" if "shared-context" in args.loops else args.loops[-1]
     total = {f"{loop} + inspect {d}": sum(r["lmeval"][loop]["wall_s"] + r.get("inspect", {}).get(d, {}).get("wall_s", 0.0)
