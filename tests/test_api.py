@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED_DATA, run_cli
+from lmeval_support import run_lmeval
 
 
 def _item_table() -> pd.DataFrame:
@@ -101,16 +102,16 @@ def lmeval_dummy_runs(root: Path, n_items: int = 4) -> list[Path]:
     task = write_lmeval_task("truthfulqa", items.iloc[:n_items].copy(), items.iloc[n_items:n_items + 2].copy(),
                              root / "tasks")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    outs = []
+    outs, argvs = [], []
     for model in ("alpha", "beta"):
         for system in ("", "Answer truthfully."):
             out = root / f"{model}-{'sys' if system else 'nosys'}"
-            cmd = [str(Path(sys.executable).with_name("lm_eval")), "--model", "dummy", "--model_args",
-                   f"pretrained={model}", "--tasks", task, "--include_path", str(root / "tasks"),
-                   "--output_path", str(out), "--log_samples"] + (["--system_instruction", system] if system else [])
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=root)
-            assert p.returncode == 0, p.stderr[-3000:]
+            argvs.append(["--model", "dummy", "--model_args", f"pretrained={model}", "--tasks", task,
+                          "--include_path", str(root / "tasks"), "--output_path", str(out), "--log_samples"]
+                         + (["--system_instruction", system] if system else []))
             outs.append(out)
+    p = run_lmeval(argvs, env, cwd=root, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
     return outs
 
 

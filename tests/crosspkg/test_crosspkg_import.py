@@ -6,20 +6,22 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from conftest import SHARED_DATA, run_cli
+from lmeval_support import run_lmeval
 
 pytestmark = pytest.mark.slow
 
 N_ITEMS = 4
 MODELS = ("smollm2-135m", "gemma3-270m")
 SYSTEM = "Answer truthfully."
+# lm-eval offline, with HOME (its datasets cache) set per fixture
+LMEVAL_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+              "TOKENIZERS_PARALLELISM": "false"}
 
 
 @pytest.fixture(scope="module")
@@ -48,22 +50,18 @@ def lmeval_runs(tmp_path_factory, folders, tqa_items):
     root = tmp_path_factory.mktemp("lmeval")
     items, fewshot = tqa_items
     task = write_lmeval_task("truthfulqa", items, fewshot, root / "tasks")
-    exe = Path(sys.executable).with_name("lm_eval")
-    runs = {}
+    runs, argvs = {}, []
     for key, folder in folders.items():
         for system in ("", SYSTEM):
             out = root / f"{key}-{'sys' if system else 'nosys'}"
             # fp32: the test checks the import, not bf16 numerics, and fp32 is the fast CPU path
-            cmd = [str(exe), "--model", "hf", "--model_args", f"pretrained={folder},dtype=float32",
-                   "--tasks", task, "--include_path", str(root / "tasks"),
-                   "--device", "cpu", "--batch_size", "8", "--output_path", str(out), "--log_samples"]
-            if system:
-                cmd += ["--system_instruction", system]
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                               env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                    "HOME": str(root), "TOKENIZERS_PARALLELISM": "false"})
-            assert p.returncode == 0, p.stderr[-3000:]
+            argvs.append(["--model", "hf", "--model_args", f"pretrained={folder},dtype=float32",
+                          "--tasks", task, "--include_path", str(root / "tasks"), "--device", "cpu",
+                          "--batch_size", "8", "--output_path", str(out), "--log_samples"]
+                         + (["--system_instruction", system] if system else []))
             runs[(key, system)] = out
+    p = run_lmeval(argvs, LMEVAL_ENV | {"HOME": str(root)}, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
     return root, task, runs
 
 
@@ -315,18 +313,16 @@ def filter_runs(tmp_path_factory, folders, bbq_items):
     recs = [json.loads(line) for line in data.read_text().splitlines()]
     data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "item_id"}) + "\n" for r in recs))
     assert [r["example_id"] for r in recs] == [0, 1, 0, 1]
-    exe = Path(sys.executable).with_name("lm_eval")
-    runs = {}
+    runs, argvs = {}, []
     for system in ("", SYSTEM):
         out = root / ("sys" if system else "nosys")
-        cmd = [str(exe), "--model", "hf", "--model_args", f"pretrained={folders['smollm2-135m']},dtype=float32",
-               "--tasks", f"{two},{bbq}", "--include_path", str(tasks), "--device", "cpu", "--batch_size", "8",
-               "--output_path", str(out), "--log_samples"] + (["--system_instruction", system] if system else [])
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                           env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-                                "HOME": str(root), "TOKENIZERS_PARALLELISM": "false"})
-        assert p.returncode == 0, p.stderr[-3000:]
+        argvs.append(["--model", "hf", "--model_args", f"pretrained={folders['smollm2-135m']},dtype=float32",
+                      "--tasks", f"{two},{bbq}", "--include_path", str(tasks), "--device", "cpu",
+                      "--batch_size", "8", "--output_path", str(out), "--log_samples"]
+                     + (["--system_instruction", system] if system else []))
         runs[system] = out
+    p = run_lmeval(argvs, LMEVAL_ENV | {"HOME": str(root)}, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
     return root, runs
 
 
