@@ -18,6 +18,11 @@ if not os.environ.get("SAFETYREPRO_DEVICE_LOCK_DIR"):
     _locks = tempfile.mkdtemp(prefix="safetyrepro-test-devices-")
     os.environ["SAFETYREPRO_DEVICE_LOCK_DIR"] = _locks
     atexit.register(shutil.rmtree, _locks, True)
+# The hub is not reachable from the test machines. Without these flags huggingface_hub retries a
+# look-up of a model name five times (23 s: Inspect's hf provider asks once per model name);
+# with them it fails at once. Tests of the hub paths set or remove them in their own env.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 SHARED_DATA = ROOT.parent / "shared" / "data" / "benchmarks"
 
 
