@@ -43,18 +43,31 @@ dryrun: $(STAMP)
 	$(VENV)/bin/snakemake -n --cores $(CORES) --resources gpu=1 --configfile $(CONFIG) --profile profiles/default
 
 # Tests marked slurm need a Slurm cluster: they run in `make test-slurm` (the CI's last step).
-# TEST_WORKERS=N: N pytest-xdist processes, one test file each at a time (tests/conftest.py starts
-# the files with slow tests first), for machines with more cores; 0 (the default) runs one process:
-# on 2 cores two processes only contend (1.5x slower, benchmarks/RESULTS.md section 15).
+# `make test` runs the suite in two parts, both always, and fails if either failed:
+#   - the tests not marked slow (the `make test-fast` tier) in FAST_WORKERS pytest-xdist
+#     processes, one test file each at a time: they are short and mostly wait on subprocesses,
+#     sockets and deadlines, so on 2 cores two processes take 135 s where one takes 228 s
+#     (benchmarks/RESULTS.md section 16); FAST_WORKERS=0 runs them in one process;
+#   - the slow tests (real models, whole workflows) in TEST_WORKERS processes, 0 (the default)
+#     meaning one: every model test already uses both cores, and two processes were 1.5x slower
+#     on 2 cores (section 15); for machines with more cores (tests/conftest.py starts the files
+#     with slow tests first).
+FAST_WORKERS ?= 2
 TEST_WORKERS ?= 0
+FAST_XDIST := $(if $(filter 0,$(FAST_WORKERS)),,-n $(FAST_WORKERS) --dist loadfile)
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slurm" $(XDIST)
+	@rc=0; \
+	echo "make test: 1 of 2, the tests not marked slow"; \
+	$(VENV)/bin/python -m pytest -q -m "not slow and not slurm" $(FAST_XDIST) --durations=15 || rc=1; \
+	echo "make test: 2 of 2, the slow tests"; \
+	$(VENV)/bin/python -m pytest -q -m "slow and not slurm" $(XDIST) --durations=30 || rc=1; \
+	exit $$rc
 
 # The edit loop's tier: every test not marked slow (real models, whole workflows, full dry runs,
 # Monte-Carlo sizes, fuzzing) and not slurm. It proves less than `make test`, the complete suite.
 test-fast: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m "not slow and not slurm"
+	$(VENV)/bin/python -m pytest -q -m "not slow and not slurm" $(FAST_XDIST)
 
 # The numerical tests (marked numerics; tests/numerics.py states their rule) again with other CPU
 # kernels, so one machine catches what another CPU family would fail: ATen's generic kernels with
