@@ -10,7 +10,6 @@ import json
 import os
 import random
 import subprocess
-import sys
 
 import pandas as pd
 import pyarrow as pa
@@ -175,19 +174,50 @@ def test_a_folder_in_the_way_is_named(tmp_path):
     assert str(err.value).startswith(f"{tmp_path / 'f' / 't.csv'}: cannot write: ")
 
 
+def _in_child_as_nobody(fn, *args) -> str:
+    """``fn(*args)`` (returning a string) in a forked child, which first drops to uid/gid 65534
+    when this process is root; the child's result, or its exception as "Type message". A fork,
+    not a new interpreter: the child needs no read access to this checkout or its venv (a
+    checkout in a folder only root may enter, e.g. under mkdtemp or /root, stays testable)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(r)
+            if os.geteuid() == 0:
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+            out = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent as text
+            out = f"{type(e).__name__} {e}"
+        os.write(w, out.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        out = fh.read().decode()
+    assert os.waitpid(pid, 0)[1] == 0
+    return out
+
+
+def _write(path) -> str:
+    atomic_write_text(path, "x")
+    return "written"
+
+
+def _read(path) -> str:
+    read_parquet(path)
+    return "read"
+
+
 def test_permission_denied_is_named(tmp_path):
     """As another uid (root runs it as nobody, in a child): a folder it may not write."""
     ro = tmp_path / "ro"
     ro.mkdir()
     os.chmod(ro, 0o555)
     os.chmod(tmp_path, 0o755)
-    code = ("import sys; from safetyrepro.sysutil import atomic_write_text\n"
-            "from safetyrepro.errors import WriteError\n"
-            "try:\n    atomic_write_text(sys.argv[1], 'x')\nexcept WriteError as e:\n    print(e)\n")
-    user = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-    r = subprocess.run(user + [sys.executable, "-c", code, str(ro / "t.csv")], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, timeout=60)
-    assert r.stdout.strip() == f"{ro / 't.csv'}: cannot write: Permission denied", r.stderr
+    out = _in_child_as_nobody(_write, ro / "t.csv")
+    assert out == f"WriteError {ro / 't.csv'}: cannot write: Permission denied"
 
 
 def test_a_file_it_may_not_read_is_named_and_left_alone(tmp_path):
@@ -196,15 +226,10 @@ def test_a_file_it_may_not_read_is_named_and_left_alone(tmp_path):
     d.mkdir()
     p = d / "t.parquet"
     write_parquet(pa.table({"x": [1]}), p, {"k": 1})
-    os.chmod(p, 0o600)
+    # root's child runs as nobody (a 0600 file of root's); any other user's child as that user
+    os.chmod(p, 0o600 if os.geteuid() == 0 else 0o000)
     os.chmod(d, 0o777)
     os.chmod(tmp_path, 0o755)
-    if os.geteuid() != 0:
-        pytest.skip("needs root to act as a second uid")
-    code = ("import sys; from safetyrepro.io import read_parquet\n"
-            "try:\n    read_parquet(sys.argv[1])\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
-    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code,
-                        str(p)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert r.stdout.startswith(f"ShardError {p}: cannot read: ") and "Permission denied" in r.stdout, r.stderr
+    out = _in_child_as_nobody(_read, p)
+    assert out.startswith(f"ShardError {p}: cannot read: ") and "Permission denied" in out, out
     assert p.exists() and not p.with_name(p.name + CORRUPT_SUFFIX).exists()
