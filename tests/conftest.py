@@ -24,6 +24,8 @@ if not os.environ.get("SAFETYREPRO_DEVICE_LOCK_DIR"):
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 SHARED_DATA = ROOT.parent / "shared" / "data" / "benchmarks"
+# session fixtures of real lm-eval runs, read by the import tests of two folders
+pytest_plugins = ["lmeval_support"]
 
 
 @pytest.fixture(scope="session")

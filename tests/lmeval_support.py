@@ -1,4 +1,6 @@
-"""Real lm-eval runs for the import tests, several in one Python process.
+"""Real lm-eval runs for the import tests, several in one Python process, and the session
+fixtures of the real runs that tests/crosspkg/test_crosspkg_import.py and tests/test_api.py
+both read (a pytest plugin of tests/conftest.py).
 
 Each run is lm-eval's own console-script function (``lm_eval.__main__.cli_evaluate``) on its
 own argument list, exactly what the ``lm_eval`` command runs; only the interpreter start and
@@ -11,6 +13,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 
 _DRIVER = """\
 import json, sys
@@ -26,3 +32,49 @@ def run_lmeval(argvs: list[list[str]], env: dict, cwd: Path | None = None, timeo
     environment ``env``; returns the CompletedProcess (non-zero at the first failing run)."""
     return subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+N_ITEMS = 4
+MODELS = ("smollm2-135m", "gemma3-270m")
+SYSTEM = "Answer truthfully."
+# lm-eval offline, with HOME (its datasets cache) set per fixture
+LMEVAL_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
+              "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.fixture(scope="session")
+def folders(default_cfg):
+    from safetyrepro.models.prepare import prepare_model
+
+    return {k: str(prepare_model(default_cfg, k, progress=False)) for k in MODELS}
+
+
+@pytest.fixture(scope="session")
+def tqa_items():
+    from safetyrepro.items.build import load_benchmark
+
+    df = load_benchmark("truthfulqa", SHARED_DATA)
+    df = df[df["split"] == "validation"].reset_index(drop=True)
+    return df.iloc[:N_ITEMS].copy(), df.iloc[N_ITEMS:N_ITEMS + 2].copy()
+
+
+@pytest.fixture(scope="session")
+def lmeval_runs(tmp_path_factory, folders, tqa_items):
+    from safetyrepro.crosspkg.localdata import write_lmeval_task
+
+    root = tmp_path_factory.mktemp("lmeval")
+    items, fewshot = tqa_items
+    task = write_lmeval_task("truthfulqa", items, fewshot, root / "tasks")
+    runs, argvs = {}, []
+    for key, folder in folders.items():
+        for system in ("", SYSTEM):
+            out = root / f"{key}-{'sys' if system else 'nosys'}"
+            # fp32: the test checks the import, not bf16 numerics, and fp32 is the fast CPU path
+            argvs.append(["--model", "hf", "--model_args", f"pretrained={folder},dtype=float32",
+                          "--tasks", task, "--include_path", str(root / "tasks"), "--device", "cpu",
+                          "--batch_size", "8", "--output_path", str(out), "--log_samples"]
+                         + (["--system_instruction", system] if system else []))
+            runs[(key, system)] = out
+    p = run_lmeval(argvs, LMEVAL_ENV | {"HOME": str(root)}, timeout=1200)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return root, task, runs

@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import SHARED_DATA, run_cli
-from lmeval_support import run_lmeval
+from conftest import run_cli
+from lmeval_support import N_ITEMS
 
 
 def _item_table() -> pd.DataFrame:
@@ -91,47 +91,25 @@ def test_import_safetyrepro_is_cheap():
     assert "'certify'" in out and "'read_lmeval'" in out and "'read_helm'" in out
 
 
-def lmeval_dummy_runs(root: Path, n_items: int = 4) -> list[Path]:
-    """Four real lm-eval runs of its ``dummy`` model (models alpha and beta, with and without a
-    system instruction) on the first TruthfulQA items of the shared data, with --log_samples."""
-    from safetyrepro.crosspkg.localdata import write_lmeval_task
-    from safetyrepro.items.build import load_benchmark
-
-    items = load_benchmark("truthfulqa", SHARED_DATA)
-    items = items[items["split"] == "validation"].reset_index(drop=True)
-    task = write_lmeval_task("truthfulqa", items.iloc[:n_items].copy(), items.iloc[n_items:n_items + 2].copy(),
-                             root / "tasks")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(root), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    outs, argvs = [], []
-    for model in ("alpha", "beta"):
-        for system in ("", "Answer truthfully."):
-            out = root / f"{model}-{'sys' if system else 'nosys'}"
-            argvs.append(["--model", "dummy", "--model_args", f"pretrained={model}", "--tasks", task,
-                          "--include_path", str(root / "tasks"), "--output_path", str(out), "--log_samples"]
-                         + (["--system_instruction", system] if system else []))
-            outs.append(out)
-    p = run_lmeval(argvs, env, cwd=root, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return outs
-
-
 @pytest.mark.slow
-def test_read_lmeval_then_certify(tmp_path):
+def test_read_lmeval_then_certify(lmeval_runs):
+    """read_lmeval on real lm-eval runs (two embedded models, with and without a system
+    instruction: the session fixture of tests/lmeval_support.py) equals `import lm-eval`."""
     import safetyrepro
     from safetyrepro.crosspkg.importers import import_lmeval
 
-    runs = lmeval_dummy_runs(tmp_path)
+    _, _, by_key = lmeval_runs
+    runs = list(by_key.values())
     df = safetyrepro.read_lmeval(runs)
     ref = import_lmeval(runs)
     pd.testing.assert_frame_equal(df, ref.table)
     assert df.attrs["axes"] == ["system"] == ref.axes
     assert df.attrs["constant"]["package"].startswith("lm-eval ")
-    assert set(df["model"]) == {"alpha", "beta"} and len(df) == 2 * 2 * 4
+    assert df["model"].nunique() == 2 and len(df) == 2 * 2 * N_ITEMS
     one = safetyrepro.read_lmeval(str(runs[0]))  # one path, not a list
-    assert set(one["model"]) == {"alpha"}
+    assert one["model"].nunique() == 1 and len(one) == N_ITEMS
     res = safetyrepro.certify(df, config_cols=df.attrs["axes"], samples=50)
     assert res.level == "item" and int(res.pairs.iloc[0]["n_configs"]) == 2
-
 
 
 def test_read_helm_matches_the_cli_import(tmp_path):

@@ -12,57 +12,12 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED_DATA, run_cli
-from lmeval_support import run_lmeval
+from lmeval_support import LMEVAL_ENV, N_ITEMS, SYSTEM, run_lmeval
 
 pytestmark = pytest.mark.slow
 
-N_ITEMS = 4
-MODELS = ("smollm2-135m", "gemma3-270m")
-SYSTEM = "Answer truthfully."
-# lm-eval offline, with HOME (its datasets cache) set per fixture
-LMEVAL_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin",
-              "TOKENIZERS_PARALLELISM": "false"}
-
-
-@pytest.fixture(scope="module")
-def folders(default_cfg):
-    from safetyrepro.models.prepare import prepare_model
-
-    return {k: str(prepare_model(default_cfg, k, progress=False)) for k in MODELS}
-
-
-@pytest.fixture(scope="module")
-def tqa_items():
-    from safetyrepro.items.build import load_benchmark
-
-    df = load_benchmark("truthfulqa", SHARED_DATA)
-    df = df[df["split"] == "validation"].reset_index(drop=True)
-    return df.iloc[:N_ITEMS].copy(), df.iloc[N_ITEMS:N_ITEMS + 2].copy()
-
-
-# ------------------------------------------------------------------------------- lm-eval
-
-
-@pytest.fixture(scope="module")
-def lmeval_runs(tmp_path_factory, folders, tqa_items):
-    from safetyrepro.crosspkg.localdata import write_lmeval_task
-
-    root = tmp_path_factory.mktemp("lmeval")
-    items, fewshot = tqa_items
-    task = write_lmeval_task("truthfulqa", items, fewshot, root / "tasks")
-    runs, argvs = {}, []
-    for key, folder in folders.items():
-        for system in ("", SYSTEM):
-            out = root / f"{key}-{'sys' if system else 'nosys'}"
-            # fp32: the test checks the import, not bf16 numerics, and fp32 is the fast CPU path
-            argvs.append(["--model", "hf", "--model_args", f"pretrained={folder},dtype=float32",
-                          "--tasks", task, "--include_path", str(root / "tasks"), "--device", "cpu",
-                          "--batch_size", "8", "--output_path", str(out), "--log_samples"]
-                         + (["--system_instruction", system] if system else []))
-            runs[(key, system)] = out
-    p = run_lmeval(argvs, LMEVAL_ENV | {"HOME": str(root)}, timeout=1200)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return root, task, runs
+# The fixtures folders, tqa_items and lmeval_runs are session fixtures of tests/lmeval_support.py:
+# tests/test_api.py reads the same lm-eval runs.
 
 
 def _samples(out: Path) -> list[dict]:
