@@ -65,6 +65,25 @@ def smol_fp32(default_cfg):
     return load_model(default_cfg, "smollm2-135m", quantization="fp32", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def gpu_check_dry_run(tmp_path_factory):
+    """benchmarks/gpu_check.sh --dry-run on the embedded SmolLM2 (a copy of the default config with
+    it and TruthfulQA only): gpu_smoke.py's CPU mode, then gpu_vllm.py's dry run, tiny sizes.
+    One run for tests/benchmarks/test_gpu_smoke.py and tests/perf/test_gpu_vllm.py.
+    Returns (model folder, config path, records folder, CompletedProcess)."""
+    import subprocess
+
+    from workflow_support import smol_truthfulqa_config
+
+    tmp = tmp_path_factory.mktemp("gpu_check")
+    folder, path = smol_truthfulqa_config(tmp)
+    env = {"CONFIG": str(path), "OUT_DIR": str(tmp / "out"), "PY": sys.executable, "PATH": "/usr/bin:/bin",
+           "PYTHONPATH": str(ROOT / "src")}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", f"smollm2-135m={folder}"],
+                       capture_output=True, text=True, timeout=1200, cwd=ROOT, env=env)
+    return folder, path, tmp / "out", r
+
+
 def pytest_collection_modifyitems(config, items):
     """Files holding slow tests first, each file's tests kept together and in order (the sort
     is stable): under `make test TEST_WORKERS=N` (pytest-xdist, --dist loadfile) the long files

@@ -4,29 +4,24 @@ record has every section the GPU run fills, with numbers that mean what they say
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 from transformers import AutoTokenizer
 
 from safetyrepro.hashing import text_hash
 from safetyrepro.models.chat import template_hash
-from workflow_support import ROOT, smol_truthfulqa_config
 
-pytestmark = pytest.mark.slow  # loads a model (~1 min on 2 cores)
-
+pytestmark = pytest.mark.slow  # loads a model (the session fixture gpu_check_dry_run: ~35 s on 2 cores)
 
 
-def test_gpu_smoke_cpu_mode_writes_a_complete_record(tmp_path):
-    folder, path = smol_truthfulqa_config(tmp_path)
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_smoke.py"), "--config", str(path),
-                        "--device", "cpu", "--quantization", "fp32", "--items", "2", "--batch-size", "2",
-                        "--max-new-tokens", "3", "--oom-items", "1", "--profile-steps", "2",
-                        "--extrapolate-items", "1", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+
+def test_gpu_smoke_cpu_mode_writes_a_complete_record(gpu_check_dry_run):
+    # the record of gpu_smoke.py's CPU mode (--device cpu --quantization fp32 --items 2 --batch-size 2
+    # --max-new-tokens 3 --oom-items 1 --profile-steps 2 --extrapolate-items 1), as run by
+    # benchmarks/gpu_check.sh --dry-run (the session fixture of tests/conftest.py)
+    folder, path, out, r = gpu_check_dry_run
     assert r.returncode == 0, r.stdout + r.stderr
-    rec = json.loads((tmp_path / "gpu_smoke_cpu_mode.json").read_text())
+    rec = json.loads((out / "gpu_smoke_cpu_mode.json").read_text())
     assert rec["measured_on_gpu"] is False and rec["environment"]["device"] == "cpu"
     m = rec["models"]["smollm2-135m"]
     assert "error" not in m

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -16,7 +15,7 @@ from safetyrepro.errors import ConfigError
 from safetyrepro.inference import Stream
 from safetyrepro.inference.sampling import item_seed
 from safetyrepro.perf.vllm_compare import GroupRequests, compare_answers, local_model_config, sampling_params
-from workflow_support import ROOT, smol_truthfulqa_config
+from workflow_support import ROOT
 
 
 def _req(items, prompts=None):
@@ -79,16 +78,12 @@ def test_gpu_check_refuses_a_folder_without_config_json(tmp_path):
 
 
 @pytest.mark.slow  # loads the embedded SmolLM2 (prepared first) twice on the CPU
-def test_gpu_check_dry_run_writes_both_records(tmp_path):
-    folder, path = smol_truthfulqa_config(tmp_path)
-    env = {"CONFIG": str(path), "OUT_DIR": str(tmp_path / "out"), "PY": sys.executable, "PATH": "/usr/bin:/bin"}
-    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run", f"smollm2-135m={folder}"],
-                       capture_output=True, text=True, timeout=1200, cwd=ROOT,
-                       env={**env, "PYTHONPATH": str(ROOT / "src")})
+def test_gpu_check_dry_run_writes_both_records(gpu_check_dry_run):
+    folder, path, out, r = gpu_check_dry_run
     assert r.returncode == 0, r.stdout + r.stderr
-    smoke = json.loads((tmp_path / "out" / "gpu_smoke_cpu_mode.json").read_text())
+    smoke = json.loads((out / "gpu_smoke_cpu_mode.json").read_text())
     assert "error" not in smoke["models"]["smollm2-135m"] and smoke["measured_on_gpu"] is False
-    rec = json.loads((tmp_path / "out" / "gpu_vllm_dry_run.json").read_text())
+    rec = json.loads((out / "gpu_vllm_dry_run.json").read_text())
     m = rec["models"]["smollm2-135m"]
     assert rec["dry_run"] is True and "error" not in m
     assert m["requests"]["n_streams"] == 11 and m["requests"]["group"] == [["greedy", 1], ["t0.3", 5], ["t0.7", 5]]
