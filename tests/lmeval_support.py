@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "benchmarks"
 
 _DRIVER = """\
 import json, sys
@@ -32,6 +31,16 @@ def run_lmeval(argvs: list[list[str]], env: dict, cwd: Path | None = None, timeo
     environment ``env``; returns the CompletedProcess (non-zero at the first failing run)."""
     return subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(argvs)], capture_output=True,
                           text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def hf_args(folder: str, tasks: str, include_path: Path, out: Path, system: str = "") -> list[str]:
+    """``lm_eval`` arguments for a model folder on the CPU in fp32 (the tests check imports, not
+    bf16 numerics, and fp32 is the fast CPU path), samples logged, with a system instruction
+    if ``system`` is not empty."""
+    return (["--model", "hf", "--model_args", f"pretrained={folder},dtype=float32", "--tasks", tasks,
+             "--include_path", str(include_path), "--device", "cpu", "--batch_size", "8",
+             "--output_path", str(out), "--log_samples"]
+            + (["--system_instruction", system] if system else []))
 
 
 N_ITEMS = 4
@@ -50,10 +59,10 @@ def folders(default_cfg):
 
 
 @pytest.fixture(scope="session")
-def tqa_items():
+def tqa_items(shared_data):
     from safetyrepro.items.build import load_benchmark
 
-    df = load_benchmark("truthfulqa", SHARED_DATA)
+    df = load_benchmark("truthfulqa", shared_data)
     df = df[df["split"] == "validation"].reset_index(drop=True)
     return df.iloc[:N_ITEMS].copy(), df.iloc[N_ITEMS:N_ITEMS + 2].copy()
 
@@ -69,11 +78,7 @@ def lmeval_runs(tmp_path_factory, folders, tqa_items):
     for key, folder in folders.items():
         for system in ("", SYSTEM):
             out = root / f"{key}-{'sys' if system else 'nosys'}"
-            # fp32: the test checks the import, not bf16 numerics, and fp32 is the fast CPU path
-            argvs.append(["--model", "hf", "--model_args", f"pretrained={folder},dtype=float32",
-                          "--tasks", task, "--include_path", str(root / "tasks"), "--device", "cpu",
-                          "--batch_size", "8", "--output_path", str(out), "--log_samples"]
-                         + (["--system_instruction", system] if system else []))
+            argvs.append(hf_args(folder, task, root / "tasks", out, system))
             runs[(key, system)] = out
     p = run_lmeval(argvs, LMEVAL_ENV | {"HOME": str(root)}, timeout=1200)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -30,6 +30,8 @@ def cpuinfo(path: str = "/proc/cpuinfo") -> dict[str, str]:
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
             for line in fh:
+                if not line.strip() and fields:
+                    break  # the end of the first processor's block
                 key, sep, value = line.partition(":")
                 if sep:
                     fields.setdefault(key.strip(), value.strip())

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED_DATA, run_cli
-from lmeval_support import LMEVAL_ENV, N_ITEMS, SYSTEM, run_lmeval
+from lmeval_support import LMEVAL_ENV, N_ITEMS, SYSTEM, hf_args, run_lmeval
 
 pytestmark = pytest.mark.slow
 
@@ -271,10 +271,7 @@ def filter_runs(tmp_path_factory, folders, bbq_items):
     runs, argvs = {}, []
     for system in ("", SYSTEM):
         out = root / ("sys" if system else "nosys")
-        argvs.append(["--model", "hf", "--model_args", f"pretrained={folders['smollm2-135m']},dtype=float32",
-                      "--tasks", f"{two},{bbq}", "--include_path", str(tasks), "--device", "cpu",
-                      "--batch_size", "8", "--output_path", str(out), "--log_samples"]
-                     + (["--system_instruction", system] if system else []))
+        argvs.append(hf_args(folders["smollm2-135m"], f"{two},{bbq}", tasks, out, system))
         runs[system] = out
     p = run_lmeval(argvs, LMEVAL_ENV | {"HOME": str(root)}, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
