@@ -515,6 +515,53 @@ def test_rows_leaving_in_place_change_no_output(lm, columns, monkeypatch):
                 assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
 
 
+@pytest.mark.parametrize("refill", [False, True])
+def test_finished_streams_skip_the_feed_forward_blocks_and_change_no_output(lm, refill, monkeypatch):
+    """Decode steps run each layer's feed-forward block only on the running streams' positions
+    (finished streams' dummy columns are masked out of every other position's attention): in
+    fp32 every stream's tokens equal those of the steps that ran it on every position, batch by
+    batch and as a continuous batch."""
+    import importlib
+
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.prefill import mlp_modules
+
+    decode_mod = importlib.import_module("safetyrepro.inference.decode")
+    prompts = _prompts(lm)
+    streams = [Stream(0.0), Stream(0.7, 1.0, 0), Stream(0.7, 1.0, 1), Stream(0.3, 1.0, 2)]
+    kw = dict(max_new_tokens=12, batch_size=4, refill=refill)
+    mlps = mlp_modules(lm.model)
+    assert len(mlps) == lm.model.config.num_hidden_layers
+    fed_rows: list[tuple[int, int]] = []   # (positions of the step, positions the FFN ran on)
+
+    def count(_mod, args, kwargs):
+        fed_rows.append([kwargs["input_ids"].numel(), None])
+
+    def ffn(_mod, args):
+        if fed_rows and fed_rows[-1][1] is None:
+            fed_rows[-1][1] = args[0].shape[:-1].numel()
+    monkeypatch.setattr(decode_mod, "SKIP_UNREAD_FFN", False)
+    with Trace().recording() as want:
+        every = generate_streams(lm, prompts, streams, **kw)
+    monkeypatch.setattr(decode_mod, "SKIP_UNREAD_FFN", True)
+    hooks = [lm.model.register_forward_pre_hook(count, with_kwargs=True),
+             mlps[0].down_proj.register_forward_pre_hook(ffn)]
+    try:
+        with Trace().recording() as got_trace:
+            running = generate_streams(lm, prompts, streams, **kw)
+    finally:
+        for h in hooks:
+            h.remove()
+    # some steps had finished streams' columns, and their feed-forward ran on fewer positions
+    assert any(ran < fed for fed, ran in fed_rows)
+    assert all(ran <= fed for fed, ran in fed_rows)
+    parted = assert_sequences_agree(got_trace, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, running, every):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+
+
 def test_refilled_rows_change_no_output_and_save_decode_steps(lm):
     """A decode group as a continuous batch (finished prompts' cache rows taken over by the
     next prompts of the queue, stream columns in a ring) against batch after batch: in fp32

@@ -101,6 +101,10 @@ class _Outputs:
 # row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the reference the
 # equality tests compare the in-place path against.
 IN_PLACE_DROP = True
+# Finished streams' dummy columns are masked out of every running stream's attention, so the
+# feed-forward blocks skip them (:func:`.prefill.forward`'s ``ffn_selected_only``); False: every
+# column runs them, the reference the equality tests and benchmarks/bench_skip_ffn.py compare.
+SKIP_UNREAD_FFN = True
 
 
 def _fork_rows(cache, keep: list[int]):
@@ -190,7 +194,7 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
                              own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                      prefix=prefix, select=select)
+                      prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
         if stats is not None:
             stats.add(r_n * k, len(active))
     return out.generations([n_prompt[v % n] for v in range(n * k)])
@@ -311,7 +315,7 @@ def decode_continuous(lm, prefix: Prefix, caps, seqs: list[list[int]], sampler: 
         ringm = (valid[:, None, :, None] & own.cpu()[None, :, None, :]).reshape(r_n, k, blocks * k)
         allowed = torch.cat([base.cpu()[:, None, :].expand(r_n, k, c0), ringm], dim=2)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                      prefix=prefix, select=select)
+                      prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
         if stats is not None:
             stats.add(r_n * k, len(running))
         step += 1

@@ -28,30 +28,69 @@ MIN_PREFIX = 8  # shorter shared prefixes are not worth a separate forward
 def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
             prefix: "Prefix | None" = None,
-            select: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+            select: tuple[torch.Tensor, torch.Tensor] | None = None,
+            ffn_selected_only: bool = False) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
 
     With a detached ``prefix``, ``cache`` and ``attention_mask`` hold the rows' own columns and
     every query also attends to the prefix (:mod:`.attention`). ``select = (rows, cols)``:
     logits only at those positions, ``[len(rows), V]``, equal to ``forward(...)[rows, cols]``;
     hidden states are gathered before the output projection so unread positions are not
-    projected."""
-    hook = None
+    projected. ``ffn_selected_only`` (the caller's promise that no selected position attends to
+    an unselected one: finished streams' dummy columns): the feed-forward blocks run on the
+    selected positions only (:func:`_mlp_on_selected`)."""
+    hooks = []
     if select is not None:
         rows, cols = select
 
         def gather(_module, args):
             return (args[0][rows, cols],) + tuple(args[1:])
-        hook = lm.model.get_output_embeddings().register_forward_pre_hook(gather)
+        hooks.append(lm.model.get_output_embeddings().register_forward_pre_hook(gather))
+        if ffn_selected_only and len(rows) < input_ids.numel():
+            hooks += _mlp_on_selected(lm, rows * input_ids.shape[1] + cols)
     try:
         with shared_prefix(prefix if prefix is not None and prefix.detached else None):
             out = lm.model(input_ids=input_ids, attention_mask=attention_mask,
                            position_ids=position_ids, use_cache=True,
                            logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
     finally:
-        if hook is not None:
+        for hook in hooks:
             hook.remove()
     return out.logits
+
+
+def mlp_modules(model) -> list:
+    """The feed-forward block of every decoder layer (``layer.mlp``); empty where the model's
+    layers are laid out otherwise."""
+    try:
+        layers = model.get_decoder().layers
+    except AttributeError:
+        return []
+    mlps = [getattr(layer, "mlp", None) for layer in layers]
+    return mlps if all(m is not None for m in mlps) else []
+
+
+def _mlp_on_selected(lm, flat: torch.Tensor) -> list:
+    """Hooks that run every decoder layer's feed-forward block on the token positions ``flat``
+    (indices into the flattened ``[B * S]`` input) only, zeros elsewhere; for positions that
+    no kept position attends to, whose feed-forward output is never used."""
+    shape = {}
+
+    def pre(_module, args):
+        x = args[0]
+        shape["x"] = x.shape
+        return (x.reshape(-1, x.shape[-1]).index_select(0, flat),) + tuple(args[1:])
+
+    def post(_module, _args, y):
+        full = y.new_zeros((shape["x"][:-1].numel(), y.shape[-1]))
+        full.index_copy_(0, flat, y)
+        return full.reshape(*shape["x"][:-1], y.shape[-1])
+
+    hooks = []
+    for mlp in mlp_modules(lm.model):
+        hooks.append(mlp.register_forward_pre_hook(pre))
+        hooks.append(mlp.register_forward_hook(post))
+    return hooks
 
 
 def positions(mask: torch.Tensor, last: int, offset: int = 0) -> torch.Tensor:
