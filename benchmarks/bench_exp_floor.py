@@ -32,33 +32,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    import importlib
-
-    from safetyrepro.inference import generate_streams
-    from safetyrepro.inference.store import PrefillStore
+    from safetyrepro.inference.sampling import EXP_FLOOR
     from safetyrepro.perf.report import publish
-    from safetyrepro.perf.timing import alternate
-    from safetyrepro.perf.workload import group_cases, group_comparison
+    from safetyrepro.perf.workload import switch_comparison
 
-    gen_mod = importlib.import_module("safetyrepro.inference.sampling")
-    shipped = gen_mod.EXP_FLOOR
-    rows, records = [], []
     try:
-        for (model, bench, template, shots), lm, gc in group_cases(args.config, args.cases):
-            prompts, streams, kw = gc.prompts, gc.streams, gc.kw
-
-            def run(floor):
-                gen_mod.EXP_FLOOR = floor
-                try:
-                    return generate_streams(lm, prompts, streams, store=PrefillStore(), **kw)
-                finally:
-                    gen_mod.EXP_FLOOR = shipped
-
-            timed = alternate({"unclamped": lambda: run(float("-inf")), "floor": lambda: run(shipped)},
-                              args.rounds)
-            row, record = group_comparison((model, bench, template, shots), lm, gc, timed, "unclamped", "floor")
-            rows.append(row)
-            records.append(record | {"exp_floor": shipped})
+        rows, records = switch_comparison(args.config, args.cases, args.rounds,
+                                          "safetyrepro.inference.sampling", "EXP_FLOOR",
+                                          {"unclamped": float("-inf"), "floor": EXP_FLOOR})
     except FileNotFoundError as exc:  # the run's items are missing
         print(exc, file=sys.stderr)
         return 2

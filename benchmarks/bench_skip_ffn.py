@@ -35,43 +35,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    import importlib
-
-    from safetyrepro.inference import generate_streams
-    from safetyrepro.inference.batching import BatchRecord
-    from safetyrepro.inference.store import PrefillStore
     from safetyrepro.perf.report import publish
-    from safetyrepro.perf.timing import alternate
-    from safetyrepro.perf.workload import group_cases, group_comparison
+    from safetyrepro.perf.workload import switch_comparison
 
-    decode_mod = importlib.import_module("safetyrepro.inference.decode")
-    shipped = decode_mod.SKIP_UNREAD_FFN
-    rows, records = [], []
     try:
-        for (model, bench, template, shots), lm, gc in group_cases(args.config, args.cases):
-            prompts, streams, kw = gc.prompts, gc.streams, gc.kw
-            decode = []
-
-            def run(skip):
-                decode_mod.SKIP_UNREAD_FFN = skip
-                record = BatchRecord()
-                try:
-                    return generate_streams(lm, prompts, streams, store=PrefillStore(), record=record, **kw)
-                finally:
-                    decode_mod.SKIP_UNREAD_FFN = shipped
-                    decode[:] = record.decode
-
-            timed = alternate({"every position": lambda: run(False), "running only": lambda: run(True)},
-                              args.rounds)
-            row, record = group_comparison((model, bench, template, shots), lm, gc, timed,
-                                           "every position", "running only")
-            slots = sum(d["token_slots"] for d in decode)
-            dummy = sum(d["dummy_slots"] for d in decode) / slots if slots else 0.0
-            rows.append(row + [dummy])
-            records.append(record | {"decode": decode, "dummy_share": dummy})
+        rows, records = switch_comparison(args.config, args.cases, args.rounds,
+                                          "safetyrepro.inference.decode", "SKIP_UNREAD_FFN",
+                                          {"every position": False, "running only": True})
     except FileNotFoundError as exc:  # the run's items are missing
         print(exc, file=sys.stderr)
         return 2
+    for row, record in zip(rows, records):
+        decode = record["decode"]["running only"]
+        slots = sum(d["token_slots"] for d in decode)
+        record["dummy_share"] = sum(d["dummy_slots"] for d in decode) / slots if slots else 0.0
+        row.append(record["dummy_share"])
     publish("skip_ffn", ["model", "benchmark", "template-shots", "every position s (median)",
                          "running only s (median)", "speed-up", "identical sequences",
                          "dummy share of decode positions"], rows, {"records": records}, out_dir=args.out)

@@ -122,3 +122,44 @@ def group_comparison(fields: tuple[str, str, str, str], lm, gc: GroupCase, timed
               "identical_sequences": same, "n_sequences": total,
               "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}}
     return row, record
+
+
+def switch_comparison(config_path: str, cases: list[str], rounds: int, module: str, attr: str,
+                      variants: dict[str, object]) -> tuple[list[list], list[dict]]:
+    """Benchmarks 8 and 20: each decode group of ``cases`` (``"MODEL:BENCHMARK:TEMPLATE:SHOTS"``)
+    with the engine switch ``module.attr`` set to each of the two ``variants`` (name -> value,
+    the baseline first), timed ALTERNATELY on one loaded model; the switch is restored after
+    every run. Returns the rows and records of :func:`group_comparison`; each record also holds
+    the shipped value (``attr`` in lower case) and the last run's decode statistics per variant
+    (``decode``)."""
+    import importlib
+
+    from ..inference import generate_streams
+    from ..inference.batching import BatchRecord
+    from ..inference.store import PrefillStore
+    from .timing import alternate
+
+    mod = importlib.import_module(module)
+    shipped = getattr(mod, attr)
+    (base, _), (new, _) = variants.items()
+    rows, records = [], []
+    for fields, lm, gc in group_cases(config_path, cases):
+        decode: dict[str, list] = {}
+
+        def runner(name, value):
+            def run():
+                setattr(mod, attr, value)
+                record = BatchRecord()
+                try:
+                    return generate_streams(lm, gc.prompts, gc.streams, store=PrefillStore(),
+                                            record=record, **gc.kw)
+                finally:
+                    setattr(mod, attr, shipped)
+                    decode[name] = record.decode
+            return run
+
+        timed = alternate({name: runner(name, value) for name, value in variants.items()}, rounds)
+        row, record = group_comparison(fields, lm, gc, timed, base, new)
+        rows.append(row)
+        records.append(record | {attr.lower(): shipped, "decode": dict(decode)})
+    return rows, records
