@@ -6,6 +6,7 @@ item count, rendered into the prompts and candidates a cell would use (:mod:`saf
 from __future__ import annotations
 
 import copy
+import importlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +14,14 @@ from pathlib import Path
 from ..cells import ModelCellRunner, group_streams
 from ..config import RunConfig, config_from_dict, load_config
 from ..grid import Config, config_of
+from ..inference import generate_streams
+from ..inference.batching import BatchRecord
+from ..inference.store import PrefillStore
 from ..items import build_items, read_items
 from ..plan import Plan
 from ..requests import cell_requests
 from ..tasks import load_task
+from .timing import alternate
 
 
 @dataclass
@@ -132,13 +137,6 @@ def switch_comparison(config_path: str, cases: list[str], rounds: int, module: s
     every run. Returns the rows and records of :func:`group_comparison`; each record also holds
     the shipped value (``attr`` in lower case) and the last run's decode statistics per variant
     (``decode``)."""
-    import importlib
-
-    from ..inference import generate_streams
-    from ..inference.batching import BatchRecord
-    from ..inference.store import PrefillStore
-    from .timing import alternate
-
     mod = importlib.import_module(module)
     shipped = getattr(mod, attr)
     (base, _), (new, _) = variants.items()
