@@ -532,7 +532,7 @@ def test_finished_streams_skip_the_feed_forward_blocks_and_change_no_output(lm, 
     kw = dict(max_new_tokens=12, batch_size=4, refill=refill)
     mlps = mlp_modules(lm.model)
     assert len(mlps) == lm.model.config.num_hidden_layers
-    fed_rows: list[tuple[int, int]] = []   # (positions of the step, positions the FFN ran on)
+    fed_rows: list[list] = []   # [positions of the step, positions the FFN ran on] per forward
 
     def count(_mod, args, kwargs):
         fed_rows.append([kwargs["input_ids"].numel(), None])
