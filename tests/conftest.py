@@ -84,6 +84,57 @@ def gpu_check_dry_run(tmp_path_factory):
     return folder, path, tmp / "out", r
 
 
+# The embedded models' first preparation (wheels fetched, GGUF converted: 16, 37 and 29 s here,
+# each on about one core) is paid once per fresh clone. Paid by the first test of each model,
+# one after another, it adds up; two at a time it takes about as long as the longest pair.
+PREPARE_AHEAD = 2
+
+
+def _prepare_ahead(keys: list[str]) -> None:
+    """Prepare the default config's models that are not prepared yet, PREPARE_AHEAD at a time,
+    each in a subprocess (prepare_model's lock makes a concurrent test wait for it). A failure
+    is only reported: the tests that need the model call prepare_model and fail with its error."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    code = ("import sys; from safetyrepro.config import load_config; "
+            "from safetyrepro.models import prepare_model; "
+            "prepare_model(load_config(sys.argv[1]), sys.argv[2], progress=False)")
+
+    def one(key: str) -> tuple[str, subprocess.CompletedProcess]:
+        return key, subprocess.run([sys.executable, "-c", code, str(ROOT / "config" / "config.yaml"), key],
+                                   capture_output=True, text=True, timeout=1800)
+
+    with ThreadPoolExecutor(PREPARE_AHEAD) as pool:
+        for key, r in pool.map(one, keys):
+            if r.returncode != 0:
+                print(f"\nconftest: preparing {key} ahead failed; its tests will say why:\n"
+                      f"{r.stderr[-1500:]}", file=sys.stderr)
+
+
+def pytest_collection_finish(session):
+    """Before a run that selected slow tests (they load the real models), prepare the models
+    that a fresh clone lacks, two at a time (see PREPARE_AHEAD)."""
+    if session.config.option.collectonly or not any(
+            item.get_closest_marker("slow") for item in session.items):
+        return
+    from safetyrepro.config import load_config
+    from safetyrepro.models.prepare import BUILT_KINDS
+
+    cfg = load_config(ROOT / "config" / "config.yaml")
+    todo = []
+    for key in cfg.models:
+        source = cfg.model(key)["source"]
+        if source["kind"] in BUILT_KINDS:
+            folder_of, prepared, _ = BUILT_KINDS[source["kind"]]
+            if not prepared(folder_of(cfg.resources_dir, source), source):
+                todo.append(key)
+    if len(todo) > 1:
+        print(f"\nconftest: preparing {', '.join(todo)} ({PREPARE_AHEAD} at a time) before the slow tests",
+              file=sys.stderr)
+        _prepare_ahead(todo)
+
+
 def pytest_collection_modifyitems(config, items):
     """Files holding slow tests first, each file's tests kept together and in order (the sort
     is stable): under `make test TEST_WORKERS=N` (pytest-xdist, --dist loadfile) the long files
