@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from safetyrepro.perf.args import bench_parser
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CELLS = ["T1-greedy-k0-freeform", "T4-greedy-k0-freeform", "T1-greedy-k5-logprob"]
 
@@ -109,8 +111,7 @@ def child(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-0.5b", "gemma3-270m"])
     ap.add_argument("--benchmark", default="truthfulqa")
     ap.add_argument("--cells", nargs="+", default=DEFAULT_CELLS)

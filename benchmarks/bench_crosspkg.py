@@ -27,7 +27,6 @@ Prints a table and writes benchmarks/results/crosspkg.json. Run:
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import gc
 import os
@@ -36,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from safetyrepro.perf.args import bench_parser
 
 
 class _Count:
@@ -64,8 +65,7 @@ def _timed(fn):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=None, help="default: the config's models")
     ap.add_argument("--loops", nargs="+", default=["stock", "shared-context"], help="lm-eval loops to time")
     ap.add_argument("--no-inspect", action="store_true", help="time lm-eval only")

@@ -17,20 +17,16 @@ benchmarks/results/decode_groups.json. Run: benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from safetyrepro.perf.args import decode_group_parser
 
 DEFAULT_CASES = ["qwen2.5-0.5b:truthfulqa:T4:k5", "smollm2-135m:truthfulqa:T4:k3",
                  "gemma3-270m:truthfulqa:T4:k0", "gemma3-270m:bbq:T4:k5", "qwen2.5-0.5b:bbq:T1:k3"]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
-    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BENCHMARK:TEMPLATE:SHOTS")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = decode_group_parser(__doc__, DEFAULT_CASES).parse_args(argv)
 
     from safetyrepro.inference import generate, generate_multi_seed, generate_streams
     from safetyrepro.inference.store import PrefillStore

@@ -17,20 +17,16 @@ be). Writes benchmarks/results/exp_floor.json. Run: benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from safetyrepro.perf.args import decode_group_parser
 
 DEFAULT_CASES = ["gemma3-270m:truthfulqa:T4:k0", "qwen2.5-0.5b:truthfulqa:T4:k5",
                  "smollm2-135m:truthfulqa:T4:k3", "gemma3-270m:bbq:T1:k3"]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
-    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BENCHMARK:TEMPLATE:SHOTS")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = decode_group_parser(__doc__, DEFAULT_CASES).parse_args(argv)
 
     from safetyrepro.inference.sampling import EXP_FLOOR
     from safetyrepro.perf.report import publish

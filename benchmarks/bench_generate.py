@@ -18,26 +18,21 @@ benchmarks/results/generate.json. Run: see benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 
+from safetyrepro.perf.args import add_generation_args, bench_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m"])
     ap.add_argument("--benchmark", default="truthfulqa")
     ap.add_argument("--settings", nargs="+", default=["T1-greedy-k5-freeform:8", "T4-greedy-k0-freeform:32"],
                     help="CELL:MAX_NEW_TOKENS pairs (free-form config ids)")
     ap.add_argument("--items", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--dtype", choices=["fp32", "bf16", "nf4"], default="fp32")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = add_generation_args(ap).parse_args(argv)
 
     import torch
 

@@ -18,16 +18,16 @@ Prints a table and writes benchmarks/results/lmeval.json. Run: see benchmarks/RE
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 
+from safetyrepro.perf.args import bench_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-0.5b"])
     ap.add_argument("--cells", nargs="+", default=["T1-greedy-k0-logprob"],
                     help="logprob config ids whose prompts are used")

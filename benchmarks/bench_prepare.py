@@ -12,17 +12,17 @@ once).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
+from safetyrepro.perf.args import bench_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=None, help="config model keys (default: all pypi_gguf)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=None)

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from safetyrepro.perf.args import bench_parser
+
 CELLS = ("T1-greedy-k0-freeform", "T1-greedy-k0-logprob")
 
 
@@ -69,8 +71,7 @@ def child(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--models", nargs="+", default=["smollm2-135m", "qwen2.5-0.5b", "gemma3-270m"])
     ap.add_argument("--quantizations", nargs="+", default=["fp32", "bf16", "nf4"])
     ap.add_argument("--threads", type=int, default=1)

@@ -18,23 +18,16 @@ benchmarks/results/seed_columns.json. Run: see benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import os
 import sys
 import tempfile
 
+from safetyrepro.perf.args import cell_bench_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = cell_bench_parser(__doc__, ["T1-t0.7-k5-freeform", "T4-t0.7-k0-freeform", "T4-t0.3-k5-freeform"])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--benchmark", default="truthfulqa")
-    ap.add_argument("--cells", nargs="+",
-                    default=["T1-t0.7-k5-freeform", "T4-t0.7-k0-freeform", "T4-t0.3-k5-freeform"])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
     import pyarrow.parquet as pq
@@ -42,20 +35,15 @@ def main(argv=None) -> int:
 
     import safetyrepro.inference as inference
     from safetyrepro.cells import ModelCellRunner, run_cell
-    from safetyrepro.config import load_config
     from safetyrepro.inference.generate import generate_multi_seed
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import alternate
-    from safetyrepro.plan import Plan
+    from safetyrepro.perf.workload import cell_bench_setup
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    load_start = [round(x, 2) for x in os.getloadavg()]
-    cfg = load_config(args.config)
-    plan = Plan(cfg)
-    if not plan.layout.items_path(args.benchmark).exists():
-        print(f"{plan.layout.items_path(args.benchmark)} is missing: run `safetyrepro items --config "
-              f"{args.config}` (or the workflow) first", file=sys.stderr)
+    try:
+        cfg, plan, load_start = cell_bench_setup(args.config, args.benchmark, args.threads)
+    except FileNotFoundError as exc:  # the run's items are missing
+        print(exc, file=sys.stderr)
         return 2
     worker = ModelCellRunner.load(args.config, args.model)
     lm = worker.lm

@@ -24,26 +24,21 @@ the decode row-steps (both counted by a forward hook), wall time and the ratios 
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+from safetyrepro.perf.args import add_generation_args, bench_parser
+
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
+    ap = bench_parser(__doc__)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--benchmark", default="truthfulqa")
     ap.add_argument("--cell", default="T1-t0.7-k5-freeform", help="a sampled free-form config id")
     ap.add_argument("--items", type=int, default=12, help="default: the default config's cell size")
     ap.add_argument("--max-new-tokens", type=int, default=None,
                     help="default: the run config's value for the cell's template")
-    ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--dtype", choices=["fp32", "bf16", "nf4"], default="fp32")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = add_generation_args(ap).parse_args(argv)
 
     import torch
 

@@ -19,8 +19,9 @@ benchmarks/results/skip_ffn.json. Run: benchmarks/README.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from safetyrepro.perf.args import decode_group_parser
 
 # the slice's decode groups (bench_slice.py) for every model
 DEFAULT_CASES = [f"{m}:{case}" for m in ("smollm2-135m", "qwen2.5-0.5b", "gemma3-270m")
@@ -28,12 +29,7 @@ DEFAULT_CASES = [f"{m}:{case}" for m in ("smollm2-135m", "qwen2.5-0.5b", "gemma3
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", default="config/config.yaml")
-    ap.add_argument("--cases", nargs="+", default=DEFAULT_CASES, help="MODEL:BENCHMARK:TEMPLATE:SHOTS")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    args = decode_group_parser(__doc__, DEFAULT_CASES).parse_args(argv)
 
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.workload import switch_comparison

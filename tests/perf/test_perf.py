@@ -111,3 +111,36 @@ def test_workload_uses_the_run_subset_rules_and_cell_rendering(cfg, tok, shared_
     messages, candidates = task.logprob_request(wl.items[7], "T1", [])
     assert ctx[7] == format_prompt(tok, messages) and cands[7] == list(candidates)
     assert len(ctx) == len(cands) == 30
+
+
+def test_shared_benchmark_arguments_import_nothing_heavy_and_keep_their_defaults():
+    import subprocess
+    import sys
+
+    # a benchmark script's --help must not load torch or the models
+    code = ("import sys; import safetyrepro.perf.args; "
+            "sys.exit(1 if {'torch', 'safetyrepro.perf.workload'} & set(sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    from safetyrepro.perf.args import add_generation_args, bench_parser, cell_bench_parser, decode_group_parser
+
+    a = decode_group_parser("Doc line.\n\nMore.", ["m:b:T1:k0"]).parse_args([])
+    assert (a.config, a.cases, a.rounds, a.out) == ("config/config.yaml", ["m:b:T1:k0"], 2, None)
+    a = cell_bench_parser("Doc.", ["T1-greedy-k0-freeform"]).parse_args(["--threads", "1"])
+    assert (a.benchmark, a.cells, a.threads) == ("truthfulqa", ["T1-greedy-k0-freeform"], 1)
+    a = add_generation_args(bench_parser("Doc.")).parse_args(["--dtype", "bf16"])
+    assert (a.rounds, a.batch_size, a.dtype, a.threads) == (1, 16, "bf16", 1)
+    assert decode_group_parser("First paragraph.\n\nSecond.", []).description == "First paragraph."
+
+
+def test_cell_bench_setup_names_the_missing_items_and_the_command(tmp_path):
+    import yaml
+
+    from config_support import config_copy
+    from safetyrepro.perf.workload import cell_bench_setup
+
+    cfg = config_copy(PROJECT_ROOT / "config" / "config.yaml")
+    cfg["runtime"]["results_dir"] = str(tmp_path / "results")
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(FileNotFoundError, match=r"items.*truthfulqa.*is missing: run `safetyrepro items --config"):
+        cell_bench_setup(str(path), "truthfulqa")

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from ..cells import ModelCellRunner, group_streams
 from ..config import RunConfig, config_from_dict, load_config
@@ -93,6 +96,23 @@ def group_case(cfg: RunConfig, lm, benchmark: str, template: str, shots: str) ->
     streams, _ = group_streams(group, levels)
     kw = dict(max_new_tokens=req.max_new_tokens, batch_size=req.batch_size)
     return GroupCase(req.prompts, group, streams, levels, kw)
+
+
+def cell_bench_setup(config_path: str, benchmark: str, threads: int = 0) -> tuple[RunConfig, Plan, list[float]]:
+    """What a benchmark that times whole cells through ``run_cell`` needs first: torch's
+    threads set (0: torch's default), the load average before any work, the run config and its
+    Plan. Raises FileNotFoundError, saying which command builds them, where the run's items
+    for ``benchmark`` are missing."""
+    if threads:
+        torch.set_num_threads(threads)
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    cfg = load_config(config_path)
+    plan = Plan(cfg)
+    items = plan.layout.items_path(benchmark)
+    if not items.exists():
+        raise FileNotFoundError(f"{items} is missing: run `safetyrepro items --config {config_path}` "
+                                "(or the workflow) first")
+    return cfg, plan, load_start
 
 
 def group_cases(config_path: str, cases: list[str]):
