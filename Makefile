@@ -48,12 +48,13 @@ dryrun: $(STAMP)
 #     processes, one test file each at a time: they are short and mostly wait on subprocesses,
 #     sockets and deadlines, so on 2 cores two processes take 135 s where one takes 228 s
 #     (benchmarks/RESULTS.md section 16); FAST_WORKERS=0 runs them in one process;
-#   - the slow tests (real models, whole workflows) in TEST_WORKERS processes, 0 (the default)
-#     meaning one: every model test already uses both cores, and two processes were 1.5x slower
-#     on 2 cores (section 15); for machines with more cores (tests/conftest.py starts the files
-#     with slow tests first).
+#   - the slow tests (real models, whole workflows) in TEST_WORKERS processes (2 where there are
+#     2 cores or more; 0 means one), each on its own share of the CPUs, which its model workers
+#     and jobs inherit (SAFETYREPRO_TEST_SPLIT_CPUS, tests/conftest.py): two processes sharing all
+#     CPUs were 1.5x slower than one (section 15: their torch threads preempt each other), two on
+#     a core each are faster (section 18). tests/conftest.py starts the files with slow tests first.
 FAST_WORKERS ?= 2
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= $(if $(filter 0 1,$(shell nproc 2>/dev/null || echo 1)),0,2)
 FAST_XDIST := $(if $(filter 0,$(FAST_WORKERS)),,-n $(FAST_WORKERS) --dist loadfile)
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: $(STAMP)
@@ -61,7 +62,7 @@ test: $(STAMP)
 	echo "make test: 1 of 2, the tests not marked slow"; \
 	$(VENV)/bin/python -m pytest -q -m "not slow and not slurm" $(FAST_XDIST) --durations=15 || rc=1; \
 	echo "make test: 2 of 2, the slow tests"; \
-	$(VENV)/bin/python -m pytest -q -m "slow and not slurm" $(XDIST) --durations=30 || rc=1; \
+	SAFETYREPRO_TEST_SPLIT_CPUS=1 $(VENV)/bin/python -m pytest -q -m "slow and not slurm" $(XDIST) --durations=30 || rc=1; \
 	exit $$rc
 
 # The edit loop's tier: every test not marked slow (real models, whole workflows, full dry runs,

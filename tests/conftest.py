@@ -84,6 +84,28 @@ def gpu_check_dry_run(tmp_path_factory):
     return folder, path, tmp / "out", r
 
 
+def _split_cpus() -> None:
+    """Under ``SAFETYREPRO_TEST_SPLIT_CPUS=1`` in a pytest-xdist worker: give worker i of n its
+    own equal share of this process's CPUs (its affinity, which its subprocesses -- Snakemake
+    jobs, model workers -- inherit, and from which torch and compute_threads size their thread
+    pools). n processes then run side by side without preempting each other's torch threads,
+    which wait for each other at every operation (`make test`'s slow part; Makefile)."""
+    if os.environ.get("SAFETYREPRO_TEST_SPLIT_CPUS") != "1" or "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    n = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    i = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    if n < 2 or len(cpus) < n:
+        return
+    share = cpus[i * len(cpus) // n:(i + 1) * len(cpus) // n]
+    os.sched_setaffinity(0, share)
+    if "torch" in sys.modules:  # already sized its pool from the whole machine
+        sys.modules["torch"].set_num_threads(len(share))
+
+
+_split_cpus()
+
+
 # The embedded models' first preparation (wheels fetched, GGUF converted: 16, 37 and 29 s here,
 # each on about one core) is paid once per fresh clone. Paid by the first test of each model,
 # one after another, it adds up; two at a time it takes about as long as the longest pair.
@@ -105,7 +127,12 @@ def _prepare_ahead(keys: list[str]) -> None:
         return key, subprocess.run([sys.executable, "-c", code, str(ROOT / "config" / "config.yaml"), key],
                                    capture_output=True, text=True, timeout=1800)
 
-    with ThreadPoolExecutor(PREPARE_AHEAD) as pool:
+    # in a worker of a CPU-split run (see _split_cpus), one at a time on its own CPUs, the
+    # workers taking the models in opposite orders (the lock makes each model's second taker wait)
+    width = min(PREPARE_AHEAD, len(os.sched_getaffinity(0)))
+    if int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")) % 2:
+        keys = keys[::-1]
+    with ThreadPoolExecutor(width) as pool:
         for key, r in pool.map(one, keys):
             if r.returncode != 0:
                 print(f"\nconftest: preparing {key} ahead failed; its tests will say why:\n"
