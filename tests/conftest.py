@@ -157,8 +157,7 @@ def pytest_collection_finish(session):
             if not prepared(folder_of(cfg.resources_dir, source), source):
                 todo.append(key)
     if len(todo) > 1:
-        print(f"\nconftest: preparing {', '.join(todo)} ({PREPARE_AHEAD} at a time) before the slow tests",
-              file=sys.stderr)
+        print(f"\nconftest: preparing {', '.join(todo)} before the slow tests", file=sys.stderr)
         _prepare_ahead(todo)
 
 
