@@ -106,9 +106,9 @@ def _split_cpus() -> None:
 _split_cpus()
 
 
-# The embedded models' first preparation (wheels fetched, GGUF converted: 16, 37 and 29 s here,
-# each on about one core) is paid once per fresh clone. Paid by the first test of each model,
-# one after another, it adds up; two at a time it takes about as long as the longest pair.
+# The embedded models' first preparation (wheels fetched, GGUF converted, each on about one
+# core) is paid once per fresh clone: by the first test of each model, one after another,
+# unless done here first, two at a time (benchmarks/RESULTS.md section 18).
 PREPARE_AHEAD = 2
 
 
