@@ -146,16 +146,10 @@ def pytest_collection_finish(session):
             item.get_closest_marker("slow") for item in session.items):
         return
     from safetyrepro.config import load_config
-    from safetyrepro.models.prepare import BUILT_KINDS
+    from safetyrepro.models.prepare import needs_preparing
 
     cfg = load_config(ROOT / "config" / "config.yaml")
-    todo = []
-    for key in cfg.models:
-        source = cfg.model(key)["source"]
-        if source["kind"] in BUILT_KINDS:
-            folder_of, prepared, _ = BUILT_KINDS[source["kind"]]
-            if not prepared(folder_of(cfg.resources_dir, source), source):
-                todo.append(key)
+    todo = [key for key in cfg.models if needs_preparing(cfg, key)]
     if len(todo) > 1:
         print(f"\nconftest: preparing {', '.join(todo)} before the slow tests", file=sys.stderr)
         _prepare_ahead(todo)

@@ -19,6 +19,7 @@ from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError, ModelError
 from safetyrepro.models import format_prompt, format_prompt_parts, load_model, prepare_model
 from safetyrepro.models.chat import format_plain, stop_strings_for, stop_token_ids
+from safetyrepro.models.prepare import needs_preparing
 from safetyrepro.models.sources.pypi_gguf import model_dir
 from safetyrepro.paths import PROJECT_ROOT
 from safetyrepro.weights import MARKER, read_marker, weights_hash
@@ -79,6 +80,7 @@ def test_prepared_folder_is_reused_without_reconversion(cfg, smol):
     marker, weights = smol / MARKER, smol / "model.safetensors"
     before = (marker.stat().st_mtime_ns, marker.stat().st_ino, weights.stat().st_mtime_ns,
               weights.stat().st_ino)
+    assert not needs_preparing(cfg, KEY)
     again = prepare_model(cfg, KEY, progress=False)
     assert again == smol
     after = (marker.stat().st_mtime_ns, marker.stat().st_ino, weights.stat().st_mtime_ns,
@@ -148,8 +150,9 @@ def test_half_written_folder_without_marker_is_rebuilt(cfg, smol, tmp_path):
     half.mkdir(parents=True)
     (half / "model.safetensors").write_bytes(b"truncated")
     other_cfg = load_config(_variant_config(tmp_path, cfg, resources=res))
+    assert needs_preparing(other_cfg, KEY)
     out = prepare_model(other_cfg, KEY, progress=False)
-    assert out == half
+    assert out == half and not needs_preparing(other_cfg, KEY)
     marker = read_marker(out)
     assert marker["source_sha256"] == SMOL_SHA
     # same conversion, same weights as the main cache
@@ -161,6 +164,7 @@ def test_local_source_missing_path_names_the_field(cfg, tmp_path):
             "source": {"kind": "local", "path": str(tmp_path / "nowhere")}}
     bad_cfg = load_config(_variant_config(tmp_path, cfg, resources=tmp_path / "res",
                                           model_over=spec))
+    assert not needs_preparing(bad_cfg, KEY)   # a local folder is never built
     with pytest.raises(ConfigError) as err:
         prepare_model(bad_cfg, KEY)
     assert f"models.{KEY}.source.path" in str(err.value) and "nowhere" in str(err.value)

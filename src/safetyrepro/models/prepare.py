@@ -53,6 +53,16 @@ def prepare_model(cfg, key: str, *, progress: bool = True) -> Path:
     return folder
 
 
+def needs_preparing(cfg, key: str) -> bool:
+    """Whether :func:`prepare_model` would build model ``key`` now: a source kind this module
+    builds (hub, pypi_gguf) whose folder is not complete yet. A local or fake source: False."""
+    source = cfg.model(key)["source"]
+    if source["kind"] not in BUILT_KINDS:
+        return False
+    folder_of, prepared, _ = BUILT_KINDS[source["kind"]]
+    return not prepared(folder_of(cfg.resources_dir, source), source)
+
+
 @contextmanager
 def _lock(path: Path) -> Iterator[None]:
     """An exclusive advisory lock so concurrent workers prepare a model only once."""
