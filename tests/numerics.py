@@ -287,15 +287,17 @@ class Trace:
                 self._trace_u.update(zip(active, u.tolist()))
             return u
 
-        def call_w(self, logits, active):
+        def call_w(self, logits, active, rows=None):
             self._trace_u = {}
+            rows = list(range(len(active))) if rows is None else rows
             try:
-                tokens = call(self, logits, active)
+                tokens = call(self, logits, active, rows)
                 for j, r in enumerate(active):
                     if not self._trace_seqs[r].decisions:
                         trace.record(self._trace_seqs[r])
                     self._trace_seqs[r].decisions.append(
-                        decide(logits[j], self.temps[r], self.top_ps[r], self._trace_u.get(r), int(tokens[j])))
+                        decide(logits[rows[j]], self.temps[r], self.top_ps[r], self._trace_u.get(r),
+                               int(tokens[j])))
             finally:
                 self._trace_u = None
             return tokens

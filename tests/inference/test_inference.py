@@ -207,8 +207,8 @@ def test_mixed_streams_decode_in_one_batch_and_equal_separate_calls(lm):
                                                 for p in prompts]
         assert_sequences_agree(trace, want, model_rel_tol(lm))
         n = len(prompts)
-        if columns:   # all streams of a batch in one decode forward
-            assert (n, len(streams)) in fed
+        if columns:   # all streams of a batch in one decode forward, a column per history
+            assert any(rows == n and 1 < width <= len(streams) for rows, width in fed)
         else:         # repeated rows: the streams of one temperature and top_p together
             assert (2 * n, 1) in fed and (n * len(streams), 1) not in fed
     with pytest.raises(ValueError, match="temperature"):
@@ -562,6 +562,43 @@ def test_finished_streams_skip_the_feed_forward_blocks_and_change_no_output(lm, 
                 assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
 
 
+def test_streams_with_equal_tokens_share_a_column_and_change_no_output(lm, monkeypatch):
+    """A decode group's streams that have produced the same tokens so far (greedy and
+    low-temperature samples often agree) feed one column per step: in fp32 every stream's
+    tokens equal those of the steps that gave every running stream its own column (each
+    stream still draws with its own generator), and the shared steps fed fewer positions."""
+    import importlib
+
+    from safetyrepro.inference import Stream, generate_streams
+    from safetyrepro.inference.batching import BatchRecord
+
+    decode_mod = importlib.import_module("safetyrepro.inference.decode")
+    prompts = _prompts(lm)
+    streams = [Stream(0.0)] + [Stream(0.3, 1.0, s) for s in range(3)] + [Stream(0.7, 1.0, 0)]
+    kw = dict(max_new_tokens=12, batch_size=8)
+    runs = {}
+    for share in (False, True):
+        monkeypatch.setattr(decode_mod, "SHARE_EQUAL_STREAMS", share)
+        rec = BatchRecord()
+        with fed_shapes(lm) as fed, Trace().recording() as trace:
+            out = generate_streams(lm, prompts, streams, record=rec, **kw)
+        runs[share] = (out, trace, rec.decode[0], fed)
+    (own, want, d0, fed0), (shared, got, d1, fed1) = runs[False], runs[True]
+    parted = assert_sequences_agree(got, want, model_rel_tol(lm))
+    for st, a, b in zip(streams, shared, own):
+        for p, x, y in zip(prompts, a, b):
+            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
+                assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
+    # the same tokens and steps; some took another stream's column, and the steps fed fewer
+    # positions (one per distinct history, padded to the widest row)
+    assert d1["tokens"] == d0["tokens"] and d1["forwards"] == d0["forwards"]
+    assert d0["shared_tokens"] == 0 and d1["shared_tokens"] > 0
+    assert d1["distinct"] + d1["shared_tokens"] == d1["tokens"]
+    assert d1["token_slots"] < d0["token_slots"]
+    decode = lambda fed: [w for r, w in fed if r <= len(prompts) and w <= len(streams)]
+    assert sum(decode(fed1)) < sum(decode(fed0))
+
+
 def test_refilled_rows_change_no_output_and_save_decode_steps(lm):
     """A decode group as a continuous batch (finished prompts' cache rows taken over by the
     next prompts of the queue, stream columns in a ring) against batch after batch: in fp32
@@ -598,12 +635,15 @@ def test_refilled_rows_change_no_output_and_save_decode_steps(lm):
     # the same useful tokens in fewer forwards; no row ever held more than the first batch's
     # columns (prompt columns + a ring of streams x max_new_tokens)
     assert d1["tokens"] == d0["tokens"] and d1["forwards"] <= d0["forwards"]
-    # (batch by batch, a row's reserved buffer holds its prompt and streams x max_new_tokens
-    # columns, of which the last block is never attended: the last token needs no forward;
-    # the ring attends to all of them)
-    assert max(w0) < max(w1) <= max(w0) + len(streams)
-    # rows were refilled: one decode run over the queue, the 8 prompts through 3 rows
-    assert d1["token_slots"] <= d0["token_slots"]
+    # (the ring's first step sees the first batch's prompt columns and one block of stream
+    # columns; it then never grows past T blocks. Batch by batch, a step feeds one column per
+    # distinct history only, so those caches are narrower than the ring's.)
+    assert max(w1) <= w1[0] + len(streams) * (kw["max_new_tokens"] - 1)
+    assert max(w0) < max(w1)
+    # rows were refilled: one decode run over the queue, the 8 prompts through 3 rows, each
+    # step feeding every stream column of the 3 rows
+    assert d1["token_slots"] <= d1["forwards"] * 3 * len(streams)
+    assert d1["distinct"] == d1["tokens"] and d0["distinct"] <= d0["tokens"]
     assert {g.n_gen_tokens for gs in got_out for g in gs} != {kw["max_new_tokens"]}
 
 

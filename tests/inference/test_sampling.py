@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from safetyrepro.inference.sampling import EXP_FLOOR, _Sampler
+from safetyrepro.inference.sampling import EXP_FLOOR, NonFiniteLogits, _Sampler
 from safetyrepro.inference.cache import new_cache
 from safetyrepro.inference.prefill import forward
 
@@ -205,3 +205,32 @@ def test_non_finite_logits_are_caught_by_the_row_sum_check(dtype, temperature):
     huge[0, :8] = big
     assert not torch.isfinite(huge.sum(dim=-1)).all()
     assert _Sampler(temperature, 1.0, 3, PROMPTS[:4])(huge, [0, 1, 2, 3]).shape == (4,)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sequences_reading_one_logits_row_draw_as_with_their_own_copy(top_p):
+    """Streams with equal histories read one logits row (``rows``); each must draw exactly
+    what it draws from its own copy of that row: its own uniform, greedy rows their argmax,
+    the row path (top_p 1) and the batch path (nucleus) alike, mixed temperatures too."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn((3, 4000), generator=g) * 3).bfloat16()
+    n = 8
+    temps = [0.0, 0.3, 0.3, 0.7, 0.3, 0.7, 0.0, 0.7]
+    rows = [0, 0, 0, 0, 1, 1, 2, 2]        # sequence j reads logits row rows[j]
+    active = [7, 1, 2, 3, 4, 5, 6, 0]      # in an order other than the sampler's rows
+    rows = [rows[r] for r in active]
+
+    def sampler():
+        return _Sampler(0.0, top_p, 0, PROMPTS[:n], seeds=list(range(n)),
+                        temperatures=temps, top_ps=[top_p] * n)
+
+    shared = sampler()(logits, active, rows).tolist()
+    own = sampler()(logits.index_select(0, torch.tensor(rows)), active).tolist()
+    assert shared == own
+    assert shared[active.index(0)] == int(logits[rows[active.index(0)]].float().argmax())
+    # a NaN in a shared row names the prompt of the first sequence reading it
+    bad = logits.clone()
+    bad[1, 7] = float("nan")
+    with pytest.raises(NonFiniteLogits) as err:
+        sampler()(bad, active, rows)
+    assert err.value.prompt == PROMPTS[active[rows.index(1)]]

@@ -1,7 +1,8 @@
 """Decode loops: from a prefilled batch to finished generations.
 
 :func:`decode_rows` decodes one sequence per cache row; :func:`decode_stream_columns` decodes
-several streams of each prompt as columns of the prompt's one cache row. Both stop a sequence
+several streams of each prompt as columns of the prompt's one cache row (streams with
+equal tokens so far sharing one column). Both stop a sequence
 at an end-of-turn token, a stop string or ``max_new_tokens`` (:class:`_Outputs`) and let
 finished rows leave the cache in place (:func:`.cache.drop_rows`).
 """
@@ -22,21 +23,25 @@ from .sampling import _Sampler
 @dataclass
 class DecodeStats:
     """What the decode forwards of a call computed: ``forwards`` (decode steps: one forward
-    each), ``slots`` (token positions fed: cache rows x stream columns per step) and
-    ``tokens`` (those of running sequences; the rest are finished streams' masked dummy
-    tokens)."""
+    each), ``slots`` (token positions fed: cache rows x columns per step), ``tokens`` (the
+    running sequences' tokens) and ``distinct`` (the positions that computed them: equal
+    histories share one, :data:`SHARE_EQUAL_STREAMS`). ``dummy_slots``: masked padding
+    columns; ``shared_tokens``: tokens that took another stream's position."""
     forwards: int = 0
     slots: int = 0
     tokens: int = 0
+    distinct: int = 0
 
-    def add(self, slots: int, tokens: int) -> None:
+    def add(self, slots: int, tokens: int, distinct: int | None = None) -> None:
         self.forwards += 1
         self.slots += int(slots)
         self.tokens += int(tokens)
+        self.distinct += int(tokens if distinct is None else distinct)
 
     def as_dict(self) -> dict:
         return {"forwards": self.forwards, "token_slots": self.slots, "tokens": self.tokens,
-                "dummy_slots": self.slots - self.tokens}
+                "distinct": self.distinct, "dummy_slots": self.slots - self.distinct,
+                "shared_tokens": self.tokens - self.distinct}
 
 
 @dataclass
@@ -105,6 +110,11 @@ IN_PLACE_DROP = True
 # feed-forward blocks skip them (:func:`.prefill.forward`'s ``ffn_selected_only``); False: every
 # column runs them, the reference the equality tests and benchmarks/bench_skip_ffn.py compare.
 SKIP_UNREAD_FFN = True
+# A prompt's streams whose tokens so far are equal (a greedy stream and low-temperature samples
+# often agree for many tokens) decode as one column of :func:`decode_stream_columns`; False:
+# one column per running stream, the reference the equality tests and
+# benchmarks/bench_share_streams.py compare.
+SHARE_EQUAL_STREAMS = True
 
 
 def _fork_rows(cache, keep: list[int]):
@@ -148,13 +158,17 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
                          max_new_tokens: int, n_prompt: list[int], t0: float,
                          prefix: Prefix | None = None,
                          stats: DecodeStats | None = None) -> list[Generation]:
-    """Decode ``n_seeds`` samples of each prefilled row with ONE cache row per prompt.
+    """Decode ``n_seeds`` streams of each prefilled row with ONE cache row per prompt.
 
-    Each step feeds one token per seed as a column of the prompt's row; a 4D mask lets seed j
-    see only the prompt and its own earlier tokens, with the position ids it would have alone,
-    so each seed computes what a separate run computes while the prompt's keys/values are read
-    once. Rows are seed-major (row ``s * n + i`` = seed s of prompt i); finished seeds feed a
-    masked dummy token until their prompt's row leaves the batch."""
+    Each step feeds the prompt's running streams' tokens as columns of its row; a 4D mask lets
+    each column see only the prompt and the columns of its own earlier tokens, with the
+    position ids it would have alone, so each stream computes what a separate run computes
+    while the prompt's keys/values are read once. Streams of a prompt whose tokens so far are
+    equal (:data:`SHARE_EQUAL_STREAMS`) are one column: the same input at the same positions
+    over the same keys gives the same logits, which each stream then samples with its own
+    generator; when they part, each later column sees the shared columns as its own past.
+    Sequences are stream-major (``s * n + i`` = stream s of prompt i); a row with fewer
+    columns than the widest row that step pads with a masked column no one reads."""
     n, k = logits.shape[0], n_seeds
     out = _Outputs(lm, n * k, max_new_tokens, t0)
     dev = mask.device
@@ -163,18 +177,21 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
     row_of = list(range(n))          # current cache row of each prompt (-1 once dropped)
     alive_items = list(range(n))
     base = mask.bool()
-    cur = logits.repeat(k, 1)        # [n * k, V] logits of the active sequences, in active order
-    own = torch.eye(k, dtype=torch.bool, device=dev)
+    # seen[r, s, g]: stream s of row r's prompt has its token at generated cache column g
+    seen = torch.zeros((n, k, k * max_new_tokens), dtype=torch.bool)
+    width = 0                        # generated cache columns so far (every row has as many)
+    node = [(v,) for v in range(n * k)] if not SHARE_EQUAL_STREAMS else [(v % n,) for v in range(n * k)]
+    cur, rows = logits, [v % n for v in active]   # logits row of each active sequence
     for step in range(max_new_tokens):
-        nxt_list = sampler(cur, active).tolist()
+        nxt_list = sampler(cur, active, rows).tolist()
         keep = out.append(active, nxt_list)
         if not keep:
             break
         still = {active[j] % n for j in keep}
         kept_rows = sorted(row_of[i] for i in still)
         if step == 0:  # decode writes into preallocated buffers from here on
-            rows = None if len(still) == len(alive_items) else torch.tensor(kept_rows, dtype=torch.long)
-            cache, order = reserve(cache, k * max_new_tokens, rows=rows), kept_rows
+            sel = None if len(still) == len(alive_items) else torch.tensor(kept_rows, dtype=torch.long)
+            cache, order = reserve(cache, k * max_new_tokens, rows=sel), kept_rows
         elif len(still) < len(alive_items):
             order = drop_rows(cache, kept_rows) if IN_PLACE_DROP else _fork_rows(cache, kept_rows)
             if not IN_PLACE_DROP:
@@ -182,21 +199,47 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         if len(still) < len(alive_items):
             # row r now holds the prompt of old row order[r]
             item_at = {row_of[i]: i for i in alive_items}
-            base = base.index_select(0, torch.tensor(order, dtype=torch.long, device=dev))
+            idx = torch.tensor(order, dtype=torch.long)
+            base, seen = base.index_select(0, idx.to(dev)), seen.index_select(0, idx)
             alive_items = [item_at[o] for o in order]
             row_of = [-1] * n
             for r, i in enumerate(alive_items):
                 row_of[i] = r
         r_n = len(alive_items)
         active, tokens = [active[j] for j in keep], [nxt_list[j] for j in keep]
-        inp, select = _step_input(active, tokens, lambda v: row_of[v % n], n, k, r_n, pad, dev)
-        pos = torch.tensor([[n_prompt[i] + step] * k for i in alive_items], dtype=torch.long)
-        allowed = torch.cat([base[:, None, :].expand(r_n, k, base.shape[1]),
-                             own.repeat(1, step + 1)[None].expand(r_n, k, k * (step + 1))], dim=2)
+        # one column per distinct history (per running stream without sharing), first come
+        col_of: dict[tuple, int] = {}
+        cols_in_row = [0] * r_n
+        feed: list[tuple[int, int, int, int]] = []   # (row, column, token, a member stream)
+        rows = []
+        for v, t in zip(active, tokens):
+            key = node[v] + (t,) if SHARE_EQUAL_STREAMS else node[v]
+            r = row_of[v % n]
+            c = col_of.get(key)
+            if c is None:
+                c = col_of[key] = len(feed)
+                feed.append((r, cols_in_row[r], t, v // n))
+                cols_in_row[r] += 1
+            rows.append(c)
+            if SHARE_EQUAL_STREAMS:
+                node[v] = key
+            seen[r, v // n, width + feed[c][1]] = True
+        w = max(cols_in_row)
+        inp = torch.full((r_n, w), pad, dtype=torch.long)
+        allowed = torch.zeros((r_n, w, base.shape[1] + width + w), dtype=torch.bool)
+        allowed[:, :, base.shape[1] + width + torch.arange(w)] = torch.eye(w, dtype=torch.bool)
+        for r, c, t, s in feed:
+            inp[r, c] = t
+            allowed[r, c, :base.shape[1]] = base[r].cpu()
+            allowed[r, c, base.shape[1]:] = seen[r, s, :width + w]
+        select = (torch.tensor([f[0] for f in feed], dtype=torch.long, device=dev),
+                  torch.tensor([f[1] for f in feed], dtype=torch.long, device=dev))
+        pos = torch.tensor([[n_prompt[i] + step] * w for i in alive_items], dtype=torch.long)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
                       prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
+        width += w
         if stats is not None:
-            stats.add(r_n * k, len(active))
+            stats.add(r_n * w, len(active), len(feed))
     return out.generations([n_prompt[v % n] for v in range(n * k)])
 
 

@@ -91,28 +91,36 @@ class _Sampler:
         return torch.stack([torch.rand((), generator=self.gens[r], dtype=torch.float64)
                             for r in active])
 
-    def _check_elementwise(self, logits: torch.Tensor, active: list[int]) -> None:
-        """NonFiniteLogits naming the first row with a NaN or Inf logit, if any."""
-        finite = torch.isfinite(logits).all(dim=-1)
-        if not bool(finite.all()):
-            j = int((~finite).nonzero()[0, 0])
-            r = active[j]
-            raise NonFiniteLogits(self.prompts[r] if r < len(self.prompts) else None,
-                                  float(logits[j][~torch.isfinite(logits[j])][0]))
+    def _check_elementwise(self, logits: torch.Tensor, active: list[int], rows: list[int]) -> None:
+        """NonFiniteLogits naming the first sequence whose logits row holds a NaN or Inf, if
+        any."""
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        for j, row in enumerate(rows):
+            if not finite[row]:
+                r = active[j]
+                raise NonFiniteLogits(self.prompts[r] if r < len(self.prompts) else None,
+                                      float(logits[row][~torch.isfinite(logits[row])][0]))
 
-    def __call__(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
-        """The next token of each row of ``logits`` ([len(active), V], any float dtype); row j
-        belongs to sequence ``active[j]``. NonFiniteLogits if a row holds NaN or Inf (argmax
-        and the inverse CDF would turn it into some token, scored as a parse failure)."""
+    def __call__(self, logits: torch.Tensor, active: list[int],
+                 rows: list[int] | None = None) -> torch.Tensor:
+        """The next token of each sequence ``active[j]`` from its logits row: ``logits[j]``, or
+        ``logits[rows[j]]`` where several sequences read one row (streams with equal histories,
+        :func:`.decode.decode_stream_columns`); any float dtype. NonFiniteLogits if a row
+        read holds NaN or Inf (argmax and the inverse CDF would turn it into some token,
+        scored as a parse failure)."""
+        if rows is None:
+            rows = list(range(len(active)))
         # a NaN or Inf anywhere in a row makes its sum NaN or Inf: one reduction per step instead
         # of an elementwise mask over every logit (costly at a 262k vocabulary); a sum that
         # overflows on finite logits only sends the step to the exact check
         if not bool(torch.isfinite(logits.sum(dim=-1)).all()):
-            self._check_elementwise(logits, active)
+            self._check_elementwise(logits, active, rows)
         if self.greedy:
-            return logits.argmax(dim=-1)
+            return logits.argmax(dim=-1).index_select(0, torch.tensor(rows, device=logits.device))
         if logits.device.type == "cpu" and all(self.top_ps[r] == 1.0 for r in active):
-            return self._draw_rows(logits, active)
+            return self._draw_rows(logits, active, rows)
+        if rows != list(range(logits.shape[0])):
+            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=logits.device))
         params = [(self.temps[r], self.top_ps[r]) for r in active]
         kinds = list(dict.fromkeys(params))
         if len(kinds) == 1:
@@ -149,13 +157,17 @@ class _Sampler:
 
     _BLOCK = 1024
 
-    def _draw_rows(self, logits: torch.Tensor, active: list[int]) -> torch.Tensor:
-        """The inverse-CDF draw (``top_p == 1``) one row at a time on the CPU, so a row's
+    def _draw_rows(self, logits: torch.Tensor, active: list[int],
+                   rows: list[int] | None = None) -> torch.Tensor:
+        """The inverse-CDF draw (``top_p == 1``) one logits row at a time on the CPU, so a row's
         exponentials stay in cache instead of streaming ``[rows, V]`` tensors through memory.
         Float64 sums of blocks of 1,024 exponentials locate the block where u times the row
-        total falls, then a cumulative sum within it the token. Same draw as the batch version
-        up to the rounding of the cumulative sums and the :data:`EXP_FLOOR` clamp."""
+        total falls, then a cumulative sum within it the token. Sequences reading the same
+        row at the same temperature share its exponentials and sums, each with its own u.
+        Same draw as the batch version up to the rounding of the cumulative sums and the
+        :data:`EXP_FLOOR` clamp."""
         n, v = logits.shape
+        rows = list(range(len(active))) if rows is None else rows
         bs = self._BLOCK
         nb = -(-v // bs)
         if getattr(self, "_row", None) is None or self._row.numel() != nb * bs:
@@ -164,18 +176,26 @@ class _Sampler:
         blocks = full.view(nb, bs)
         sampled = [r for r in active if self.temps[r] > 0]
         u = dict(zip(sampled, self._uniforms(sampled).tolist())) if sampled else {}
-        out = []
-        for j, r in enumerate(active):
+        out = [0] * len(active)
+        greedy: dict[int, int] = {}
+        loaded, cs = None, None
+        # sequences grouped by (row, temperature): each group's exponentials computed once
+        for j in sorted(range(len(active)), key=lambda j: (rows[j], self.temps[active[j]])):
+            r, row = active[j], rows[j]
             if self.temps[r] == 0:
-                out.append(int(logits[j].float().argmax()))  # exact widening to float32 for the argmax
+                if row not in greedy:  # exact widening to float32 for the argmax
+                    greedy[row] = int(logits[row].float().argmax())
+                out[j] = greedy[row]
                 continue
-            x.copy_(logits[j])
-            x.sub_(x.max()).mul_(1.0 / self.temps[r]).clamp_min_(EXP_FLOOR).exp_()
-            cs = blocks.sum(1, dtype=torch.float64).cumsum_(0)
+            if loaded != (row, self.temps[r]):
+                x.copy_(logits[row])
+                x.sub_(x.max()).mul_(1.0 / self.temps[r]).clamp_min_(EXP_FLOOR).exp_()
+                cs = blocks.sum(1, dtype=torch.float64).cumsum_(0)
+                loaded = (row, self.temps[r])
             target = u[r] * float(cs[-1])
             b = min(int(torch.searchsorted(cs, torch.tensor([target], dtype=torch.float64))), nb - 1)
             before = float(cs[b - 1]) if b else 0.0
             within = blocks[b].cumsum(0, dtype=torch.float64)
             i = int(torch.searchsorted(within, torch.tensor([target - before], dtype=torch.float64)))
-            out.append(min(b * bs + min(i, bs - 1), v - 1))
+            out[j] = min(b * bs + min(i, bs - 1), v - 1)
         return torch.tensor(out, dtype=torch.long)
