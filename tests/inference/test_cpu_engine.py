@@ -20,7 +20,7 @@ from safetyrepro.inference import generate, generate_multi_seed, score_candidate
 from safetyrepro.inference import attention
 from safetyrepro.inference.attention import (GROUPED, NAME, NAME_REPEAT, engine_attention,
                                              engine_attention_repeat, grouped_attention,
-                                             shared_prefix, stream_history)
+                                             shared_prefix)
 from safetyrepro.inference.capabilities import Capabilities
 from safetyrepro.models import format_prompt, load_model
 
@@ -137,79 +137,6 @@ def test_engine_attention_bf16_close_to_sdpa():
     assert got.dtype == torch.bfloat16
     # bf16 values, fp32 sums: each stored score, probability and output is rounded to bf16
     assert_within(got, want, _bound(module, query, fk, fv, fm, storage=torch.bfloat16), "bf16")
-
-
-def _history_case(b, hkv, groups, w, steps, c0, with_prefix, dtype=torch.float32, seed=1):
-    """A stream-column decode step: ``c0`` prompt columns per row (left padding differing per
-    row), ``steps`` earlier blocks of generated columns of irregular widths, then this step's
-    ``w`` columns; each query's history is one column per block (the streams' sharing and
-    parting), and the last query of row 0 is a padding column that sees only itself."""
-    g = torch.Generator().manual_seed(seed)
-    d = 16
-    widths = [1 + (3 * t) % w for t in range(steps)] + [w]
-    width = sum(widths)
-    own = c0 + width
-    query = torch.randn(b, hkv * groups, w, d, generator=g).to(dtype)
-    key, value = (torch.randn(b, hkv, own, d, generator=g).to(dtype) for _ in range(2))
-    kp, vp = (torch.randn(hkv, 30, d, generator=g).to(dtype) for _ in range(2))
-    index = torch.zeros(b, w, steps + 1, dtype=torch.long)
-    mask = torch.zeros(b, 1, w, own, dtype=torch.bool)
-    for r in range(b):
-        for c in range(w):
-            start = c0
-            for t, wt in enumerate(widths):
-                index[r, c, t] = start + (c if t == steps else int(torch.randint(wt, (1,), generator=g)))
-                start += wt
-            mask[r, 0, c, r % 3:c0] = True
-            mask[r, 0, c, index[r, c]] = True
-    pad = w - 1
-    index[0, pad] = c0 + width - w + pad
-    mask[0, 0, pad] = False
-    mask[0, 0, pad, c0 + width - w + pad] = True
-    module = types.SimpleNamespace(num_key_value_groups=groups, scaling=d ** -0.5, training=False,
-                                   is_causal=True, layer_idx=0)
-    prefix = _Prefix(kp, vp) if with_prefix else None
-    if with_prefix:
-        fk = torch.cat([kp[None].expand(b, -1, -1, -1), key], dim=2)
-        fv = torch.cat([vp[None].expand(b, -1, -1, -1), value], dim=2)
-        fm = torch.cat([torch.ones(b, 1, w, 30, dtype=torch.bool), mask], dim=3)
-    else:
-        fk, fv, fm = key, value, mask
-    return module, query, key, value, mask, prefix, index, (fk, fv, fm)
-
-
-@pytest.mark.parametrize("with_prefix", [True, False])
-@pytest.mark.parametrize("b,hkv,groups,w,steps,c0", [
-    (3, 3, 3, 5, 6, 12),    # SmolLM2's grouping
-    (2, 2, 7, 11, 9, 20),   # Qwen2.5-0.5B's grouping, eleven streams
-    (2, 1, 4, 3, 4, 7),     # one key/value head (Gemma-like grouping)
-])
-def test_stream_history_gathered_equals_sdpa_over_the_whole_block_fp32(b, hkv, groups, w, steps,
-                                                                       c0, with_prefix):
-    """Each stream column reading its own generated columns as a dense list (the engine's
-    third part, :func:`stream_history`) equals sdpa over every cached column under the mask
-    that allows the same columns, with and without a detached prefix; the mask's entries
-    beyond the prompt columns are not read."""
-    module, query, key, value, mask, prefix, index, (fk, fv, fm) = _history_case(
-        b, hkv, groups, w, steps, c0, with_prefix)
-    want = _stock(module, query, fk, fv, fm)
-    bound = _bound(module, query, fk, fv, fm)
-    loose = mask.clone()
-    loose[..., c0:] = True          # not read: the history index says which columns count
-    with shared_prefix(prefix), stream_history(c0, index):
-        got, _ = engine_attention(module, query, key, value, loose, scaling=module.scaling)
-    assert got.shape == want.shape
-    # row 0's padding column (its own column counted once per step, read by no one) only has
-    # to be finite; every other query must agree
-    real = torch.ones(got.shape[:2], dtype=torch.bool)
-    real[0, w - 1] = False
-    assert bool(torch.isfinite(got[0, w - 1]).all())
-    assert_within(got[real], want[real], bound[real],
-                  "gathered history vs sdpa")
-    # the bound has teeth: a history cut to its first token is far off
-    with shared_prefix(prefix), stream_history(c0, index[..., :1]):
-        partial, _ = engine_attention(module, query, key, value, loose, scaling=module.scaling)
-    assert bool(((partial - want).abs()[real].amax(-1) > 100 * bound.amax()).any())
 
 
 def test_engine_attention_outside_the_context_is_grouped_sdpa_and_refuses_what_it_cannot_combine():

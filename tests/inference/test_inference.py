@@ -599,40 +599,6 @@ def test_streams_with_equal_tokens_share_a_column_and_change_no_output(lm, monke
     assert sum(decode(fed1)) < sum(decode(fed0))
 
 
-def test_stream_columns_reading_their_history_densely_change_no_output(lm, monkeypatch):
-    """Where the engine's attention runs, each stream column reads its own generated columns
-    as a dense list (:func:`.attention.stream_history`) instead of the whole generated block
-    under the mask: in fp32 every stream's tokens equal the mask-only steps', and the dense
-    part did run (one call per layer per decode step)."""
-    import importlib
-
-    from safetyrepro.inference import Stream, generate_streams
-    from safetyrepro.inference import attention
-
-    decode_mod = importlib.import_module("safetyrepro.inference.decode")
-    prompts = _prompts(lm)
-    streams = [Stream(0.0), Stream(0.3, 1.0, 0), Stream(0.7, 1.0, 0), Stream(0.7, 1.0, 1)]
-    kw = dict(max_new_tokens=10, batch_size=8)
-    calls = []
-    real = attention._history_part
-    monkeypatch.setattr(attention, "_history_part", lambda *a: calls.append(a[3].shape) or real(*a))
-    monkeypatch.setattr(decode_mod, "GATHER_HISTORY", False)
-    with Trace().recording() as want:
-        masked = generate_streams(lm, prompts, streams, **kw)
-    assert not calls
-    monkeypatch.setattr(decode_mod, "GATHER_HISTORY", True)
-    with Trace().recording() as got:
-        dense = generate_streams(lm, prompts, streams, **kw)
-    layers = lm.model.config.num_hidden_layers
-    assert calls and len(calls) % layers == 0
-    assert max(shape[2] for shape in calls) == kw["max_new_tokens"] - 1   # one column per step
-    parted = assert_sequences_agree(got, want, model_rel_tol(lm))
-    for st, a, b in zip(streams, dense, masked):
-        for p, x, y in zip(prompts, a, b):
-            if want.get(st.temperature, p, st.seed, st.top_p)[0].key not in parted:
-                assert (x.token_ids, x.finish_reason) == (y.token_ids, y.finish_reason)
-
-
 def test_refilled_rows_change_no_output_and_save_decode_steps(lm):
     """A decode group as a continuous batch (finished prompts' cache rows taken over by the
     next prompts of the queue, stream columns in a ring) against batch after batch: in fp32

@@ -8,10 +8,7 @@ cached columns, merged by log-sum-exp in float32; what it cannot combine with a 
 (:attr:`.capabilities.Capabilities.detached_prefix`). :func:`grouped_attention` (:data:`GROUPED`)
 folds each key/value head's query heads into the query axis instead of the per-head key/value
 copies (``repeat_kv``) that ``sdpa`` makes under a 4D mask; torch's ``enable_gqa`` is not used,
-as with a mask it leaves CUDA's fused kernels. Inside :func:`stream_history` (stream-column
-decoding, :func:`.decode.decode_stream_columns`) the engine's attention reads each query's
-generated tokens as a dense list of cache columns instead of the whole generated block under
-a mask in which most columns are other streams'. All equal ``sdpa`` up to summation order. A
+as with a mask it leaves CUDA's fused kernels. Both equal ``sdpa`` up to summation order. A
 model's ``attention`` (recorded in each shard) is ``sdpa``, :data:`GROUPED`, :data:`NAME` or
 :data:`NAME_REPEAT` (``runtime.grouped_attention: false``).
 """
@@ -31,7 +28,6 @@ GROUPED_NAMES = (NAME, GROUPED)       # implementations that attend grouped head
 SDPA_LIKE = ("sdpa", GROUPED, *ENGINE_NAMES)  # implementations that take sdpa's boolean 4D masks
 
 _SHARED = contextvars.ContextVar("safetyrepro_shared_prefix", default=None)
-_HISTORY = contextvars.ContextVar("safetyrepro_stream_history", default=None)
 
 
 @contextlib.contextmanager
@@ -44,20 +40,6 @@ def shared_prefix(prefix):
         yield
     finally:
         _SHARED.reset(token)
-
-
-@contextlib.contextmanager
-def stream_history(cols: int | None, index: torch.Tensor | None = None):
-    """Within this context the engine's attention splits each row's cached columns in two: the
-    first ``cols`` (the row's prompt, under the forward's mask) and, for query ``q`` of row
-    ``b``, exactly the columns ``index[b, q]`` (its own generated tokens, oldest first; the
-    mask's entries beyond ``cols`` are not read). ``index`` ``[B, Q, L]`` holds absolute
-    column numbers of the layer's keys. None: off."""
-    token = _HISTORY.set(None if cols is None else (int(cols), index))
-    try:
-        yield
-    finally:
-        _HISTORY.reset(token)
 
 
 def _fold_mask(mask: torch.Tensor, groups: int, q: int) -> torch.Tensor:
@@ -84,45 +66,36 @@ def _flash_cpu():
 FUSED_MIN_SCORES = 1 << 22
 
 
-def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float,
-             history: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float) -> torch.Tensor:
     """Attention of ``query`` ``[B, Hq, Q, D]`` over the shared prefix ``kp``/``vp``
-    ``[Hkv, P, D]`` (visible to every query; None: no prefix) followed by each row's own
-    ``key``/``value`` ``[B, Hkv, K, D]`` under ``mask`` ``[mb, 1, Q, K]`` (None: causal,
-    aligned to the last column); with ``history`` ``(cols, index)`` (:func:`stream_history`)
-    the own columns are the first ``cols`` under the mask plus each query's ``index``
-    columns. The parts merge by log-sum-exp. Returns ``[B, Hq, Q, D]`` in float32."""
+    ``[Hkv, P, D]`` (visible to every query) followed by each row's own ``key``/``value``
+    ``[B, Hkv, K, D]`` under ``mask`` ``[mb, 1, Q, K]`` (None: causal, aligned to the last
+    column). Returns ``[B, Hq, Q, D]`` in float32."""
     b, hq, q, d = query.shape
     hkv = key.shape[1]
     gq = groups * q
     qf = query.float().reshape(b, hkv, gq, d)
+    # the prefix: one product per key/value head for every row, head and position at once
+    qp = qf.transpose(0, 1).reshape(hkv, b * gq, d)
+    flash = _flash_cpu() if query.device.type == "cpu" else None
+    if flash is not None and hkv * b * gq * kp.shape[1] >= FUSED_MIN_SCORES:
+        # the fused kernel tiles the scores instead of writing them out; it returns the
+        # normalised output and each query's log-sum-exp, i.e. op / lp and mp + log(lp)
+        op, lse = flash(qp[None], kp.float()[None], vp.float()[None], scale=scale)
+        op, mp = op[0], lse[0][..., None]                                # [Hkv, B*GQ, D|1]
+        lp = torch.ones_like(mp)
+    else:
+        sp = torch.bmm(qp, kp.transpose(1, 2))
+        sp.mul_(scale)                                                   # [Hkv, B*GQ, P]
+        mp = sp.amax(dim=-1, keepdim=True)
+        ep = sp.sub_(mp).exp_()
+        lp = ep.sum(dim=-1, keepdim=True)
+        op = torch.bmm(ep, vp)                                           # [Hkv, B*GQ, D]
 
     def per_row(t):  # [Hkv, B*GQ, X] -> [B, Hkv, GQ, X]
         return t.reshape(hkv, b, gq, t.shape[-1]).transpose(0, 1)
 
-    if kp is not None:
-        # the prefix: one product per key/value head for every row, head and position at once
-        qp = qf.transpose(0, 1).reshape(hkv, b * gq, d)
-        flash = _flash_cpu() if query.device.type == "cpu" else None
-        if flash is not None and hkv * b * gq * kp.shape[1] >= FUSED_MIN_SCORES:
-            # the fused kernel tiles the scores instead of writing them out; it returns the
-            # normalised output and each query's log-sum-exp, i.e. op / lp and mp + log(lp)
-            op, lse = flash(qp[None], kp.float()[None], vp.float()[None], scale=scale)
-            op, mp = op[0], lse[0][..., None]                            # [Hkv, B*GQ, D|1]
-            lp = torch.ones_like(mp)
-        else:
-            sp = torch.bmm(qp, kp.transpose(1, 2))
-            sp.mul_(scale)                                               # [Hkv, B*GQ, P]
-            mp = sp.amax(dim=-1, keepdim=True)
-            ep = sp.sub_(mp).exp_()
-            lp = ep.sum(dim=-1, keepdim=True)
-            op = torch.bmm(ep, vp)                                       # [Hkv, B*GQ, D]
-        mp, lp, op = per_row(mp), per_row(lp), per_row(op)
-    if history is not None:
-        cols, index = history
-        hist = _history_part(qf, key, value, index, groups, scale)
-        key, value = key[:, :, :cols], value[:, :, :cols]
-        mask = mask[..., :cols] if mask is not None else None
+    mp, lp, op = per_row(mp), per_row(lp), per_row(op)
     # the rows' own columns
     ko, vo = key.float(), value.float()
     so = torch.matmul(qf, ko.transpose(-1, -2)).mul_(scale)              # [B, Hkv, GQ, K]
@@ -135,45 +108,11 @@ def _cascade(query, key, value, mask, kp, vp, groups: int, scale: float,
             so.masked_fill_(~m, float("-inf"))
         else:
             so.add_(m.float())
-    top = so.amax(dim=-1, keepdim=True)
-    if kp is not None:
-        top = torch.maximum(mp, top)                                     # finite: mp is
-    if history is not None:
-        top = torch.maximum(hist[0], top)                                # finite: the own column is
+    top = torch.maximum(mp, so.amax(dim=-1, keepdim=True))              # finite: mp is
     eo = so.sub_(top).exp_()
-    num, den = torch.matmul(eo, vo), eo.sum(dim=-1, keepdim=True)
-    if kp is not None:
-        w = (mp - top).exp_()
-        num, den = op * w + num, lp * w + den
-    if history is not None:
-        mh, lh, oh = hist
-        w = (mh - top).exp_()
-        num, den = num + oh * w, den + lh * w
-    return (num / den).reshape(b, hq, q, d)
-
-
-def _history_part(qf, key, value, index, groups: int, scale: float):
-    """Each query's scores over its own history columns ``index`` ``[B, Q, L]`` of ``key`` /
-    ``value`` ``[B, Hkv, K, D]``, gathered densely (L columns, not the K of the whole
-    block); ``qf`` ``[B, Hkv, groups * Q, D]`` float32. Returns the part's (max, sum of
-    exponentials, weighted values), each ``[B, Hkv, groups * Q, 1 | D]``."""
-    b, hkv, gq, d = qf.shape
-    q = index.shape[1]
-    rows = torch.arange(b, device=key.device)[:, None, None]
-    idx = index.to(key.device)
-    kg = key.transpose(1, 2)[rows, idx].float()                          # [B, Q, L, Hkv, D]
-    vg = value.transpose(1, 2)[rows, idx].float()
-    kg, vg = kg.permute(0, 3, 1, 2, 4), vg.permute(0, 3, 1, 2, 4)       # [B, Hkv, Q, L, D]
-    qq = qf.reshape(b, hkv, groups, q, d).transpose(2, 3)                # [B, Hkv, Q, G, D]
-    sh = torch.matmul(qq, kg.transpose(-1, -2)).mul_(scale)              # [B, Hkv, Q, G, L]
-    mh = sh.amax(dim=-1, keepdim=True)
-    eh = sh.sub_(mh).exp_()
-    lh = eh.sum(dim=-1, keepdim=True)
-    oh = torch.matmul(eh, vg)                                            # [B, Hkv, Q, G, D]
-
-    def back(t):  # [B, Hkv, Q, G, X] -> [B, Hkv, G*Q, X] (head-major, as qf)
-        return t.transpose(2, 3).reshape(b, hkv, gq, t.shape[-1])
-    return back(mh), back(lh), back(oh)
+    w = (mp - top).exp_()
+    out = (op * w + torch.matmul(eo, vo)) / (lp * w + eo.sum(dim=-1, keepdim=True))
+    return out.reshape(b, hq, q, d)
 
 
 def _foldable(module, query, key, attention_mask, dropout, kwargs) -> int:
@@ -217,8 +156,8 @@ def _engine(module, query, key, value, attention_mask, dropout=0.0, scaling=None
             *, grouped: bool, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    prefix, history = _SHARED.get(), _HISTORY.get()
-    if prefix is None and history is None:
+    prefix = _SHARED.get()
+    if prefix is None:
         plain = grouped_attention if grouped else sdpa_attention_forward
         return plain(module, query, key, value, attention_mask, dropout=dropout,
                      scaling=scaling, is_causal=is_causal, **kwargs)
@@ -232,12 +171,11 @@ def _engine(module, query, key, value, attention_mask, dropout=0.0, scaling=None
         ("logit soft-capping", kwargs.get("softcap") is not None),
         ("dropout in training", bool(dropout) and module.training)) if bad]
     if unsupported:
-        raise RuntimeError(f"{NAME}: a shared prefix or stream history cannot be combined with "
+        raise RuntimeError(f"{NAME}: a shared prefix cannot be combined with "
                            f"{', '.join(unsupported)} (layer {getattr(module, 'layer_idx', '?')})")
-    kp, vp = prefix.kv(module.layer_idx) if prefix is not None else (None, None)
+    kp, vp = prefix.kv(module.layer_idx)
     scale = scaling if scaling is not None else d ** -0.5
-    out = _cascade(query, key, value, attention_mask, kp, vp, groups, scale,
-                   history).to(query.dtype)
+    out = _cascade(query, key, value, attention_mask, kp, vp, groups, scale).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -115,11 +115,6 @@ SKIP_UNREAD_FFN = True
 # one column per running stream, the reference the equality tests and
 # benchmarks/bench_share_streams.py compare.
 SHARE_EQUAL_STREAMS = True
-# Where the engine's attention runs, each stream column reads its own generated tokens as a
-# dense list of cache columns (:func:`.attention.stream_history`) instead of the whole
-# generated block under a mask (other streams' columns scored and masked out); False: the
-# mask only, the reference of the equality tests and benchmarks/bench_gather_history.py.
-GATHER_HISTORY = True
 
 
 def _fork_rows(cache, keep: list[int]):
@@ -182,8 +177,8 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
     row_of = list(range(n))          # current cache row of each prompt (-1 once dropped)
     alive_items = list(range(n))
     base = mask.bool()
-    c0 = base.shape[1]               # the rows' prompt columns; generated ones follow
-    hist: list[list[int]] = [[] for _ in range(n * k)]   # each stream's generated columns
+    # seen[r, s, g]: stream s of row r's prompt has its token at generated cache column g
+    seen = torch.zeros((n, k, k * max_new_tokens), dtype=torch.bool)
     width = 0                        # generated cache columns so far (every row has as many)
     node = [(v,) for v in range(n * k)] if not SHARE_EQUAL_STREAMS else [(v % n,) for v in range(n * k)]
     cur, rows = logits, [v % n for v in active]   # logits row of each active sequence
@@ -204,7 +199,8 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         if len(still) < len(alive_items):
             # row r now holds the prompt of old row order[r]
             item_at = {row_of[i]: i for i in alive_items}
-            base = base.index_select(0, torch.tensor(order, dtype=torch.long, device=dev))
+            idx = torch.tensor(order, dtype=torch.long)
+            base, seen = base.index_select(0, idx.to(dev)), seen.index_select(0, idx)
             alive_items = [item_at[o] for o in order]
             row_of = [-1] * n
             for r, i in enumerate(alive_items):
@@ -214,7 +210,7 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         # one column per distinct history (per running stream without sharing), first come
         col_of: dict[tuple, int] = {}
         cols_in_row = [0] * r_n
-        feed: list[tuple[int, int, int, int]] = []   # (row, column, token, a member sequence)
+        feed: list[tuple[int, int, int, int]] = []   # (row, column, token, a member stream)
         rows = []
         for v, t in zip(active, tokens):
             key = node[v] + (t,) if SHARE_EQUAL_STREAMS else node[v]
@@ -222,33 +218,25 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
             c = col_of.get(key)
             if c is None:
                 c = col_of[key] = len(feed)
-                feed.append((r, cols_in_row[r], t, v))
+                feed.append((r, cols_in_row[r], t, v // n))
                 cols_in_row[r] += 1
             rows.append(c)
             if SHARE_EQUAL_STREAMS:
                 node[v] = key
-            hist[v].append(width + feed[c][1])
+            seen[r, v // n, width + feed[c][1]] = True
         w = max(cols_in_row)
-        # index[r, c]: the cache columns of the tokens of column c's history, this one last
-        # (a padding column: its own column only, finite and read by no one)
-        own_col = [c0 + width + c for c in range(w)]
-        index = [[[own_col[c]] * (step + 1) for c in range(w)] for _ in range(r_n)]
         inp = torch.full((r_n, w), pad, dtype=torch.long)
-        real = torch.zeros((r_n, w), dtype=torch.bool)
-        for r, c, t, v in feed:
+        allowed = torch.zeros((r_n, w, base.shape[1] + width + w), dtype=torch.bool)
+        allowed[:, :, base.shape[1] + width + torch.arange(w)] = torch.eye(w, dtype=torch.bool)
+        for r, c, t, s in feed:
             inp[r, c] = t
-            real[r, c] = True
-            index[r][c] = [c0 + g for g in hist[v]]
-        index = torch.tensor(index, dtype=torch.long)
-        allowed = torch.zeros((r_n, w, c0 + width + w), dtype=torch.bool)
-        allowed[:, :, :c0] = base.cpu()[:, None, :] & real[:, :, None]
-        allowed.scatter_(2, index, True)
+            allowed[r, c, :base.shape[1]] = base[r].cpu()
+            allowed[r, c, base.shape[1]:] = seen[r, s, :width + w]
         select = (torch.tensor([f[0] for f in feed], dtype=torch.long, device=dev),
                   torch.tensor([f[1] for f in feed], dtype=torch.long, device=dev))
         pos = torch.tensor([[n_prompt[i] + step] * w for i in alive_items], dtype=torch.long)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
-                      prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN,
-                      history=(c0, index.to(dev)) if GATHER_HISTORY else None)
+                      prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
         width += w
         if stats is not None:
             stats.add(r_n * w, len(active), len(feed))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import shared_prefix, stream_history
+from .attention import shared_prefix
 from .capabilities import Capabilities
 from .cache import fork_cache, new_cache
 from .encoding import common_prefix_len
@@ -29,8 +29,7 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             position_ids: torch.Tensor, cache, logits_to_keep: int = 0,
             prefix: "Prefix | None" = None,
             select: tuple[torch.Tensor, torch.Tensor] | None = None,
-            ffn_selected_only: bool = False,
-            history: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
+            ffn_selected_only: bool = False) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
 
     With a detached ``prefix``, ``cache`` and ``attention_mask`` hold the rows' own columns and
@@ -39,10 +38,7 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     hidden states are gathered before the output projection so unread positions are not
     projected. ``ffn_selected_only`` (the caller's promise that no selected position attends to
     an unselected one: finished streams' dummy columns): the feed-forward blocks run on the
-    selected positions only (:func:`_mlp_on_selected`). ``history`` ``(cols, index)``: where
-    the engine's attention runs, each query reads the first ``cols`` columns under the mask
-    and then exactly its ``index`` columns (:func:`.attention.stream_history`); the mask must
-    say the same, for every other attention."""
+    selected positions only (:func:`_mlp_on_selected`)."""
     hooks = []
     if select is not None:
         rows, cols = select
@@ -53,8 +49,7 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         if ffn_selected_only and len(rows) < input_ids.numel():
             hooks += _mlp_on_selected(lm, rows * input_ids.shape[1] + cols)
     try:
-        with shared_prefix(prefix if prefix is not None and prefix.detached else None), \
-                stream_history(*(history if history is not None else (None,))):
+        with shared_prefix(prefix if prefix is not None and prefix.detached else None):
             out = lm.model(input_ids=input_ids, attention_mask=attention_mask,
                            position_ids=position_ids, use_cache=True,
                            logits_to_keep=logits_to_keep, **{lm.cache_kwarg: cache})
