@@ -101,8 +101,9 @@ class BatchRecord:
     """What the engine decided about its batches during one or more calls, for the caller to
     record (the cells write it into the shard metadata): every out-of-memory split
     (:class:`Split`), every memory plan (:mod:`.memory`) and, per generation call, what its
-    decode forwards computed (:class:`.decode.DecodeStats`: forwards, token slots, dummy ones;
-    whether the call refilled rows from its queue)."""
+    decode forwards computed (:class:`.decode.DecodeStats`: forwards, token slots, tokens,
+    the distinct positions that computed them, dummy slots, shared tokens; whether the call
+    refilled rows from its queue)."""
     splits: list[Split] = field(default_factory=list)
     plans: list[dict] = field(default_factory=list)
     decode: list[dict] = field(default_factory=list)

@@ -106,7 +106,8 @@ class _Outputs:
 # row-selecting copy of the whole cache (:func:`.cache.fork_cache`), the reference the
 # equality tests compare the in-place path against.
 IN_PLACE_DROP = True
-# Finished streams' dummy columns are masked out of every running stream's attention, so the
+# Dummy columns (a continuous batch's finished streams; a stream-column row's padding up to
+# the step's widest row) are masked out of every running column's attention, so the
 # feed-forward blocks skip them (:func:`.prefill.forward`'s ``ffn_selected_only``); False: every
 # column runs them, the reference the equality tests and benchmarks/bench_skip_ffn.py compare.
 SKIP_UNREAD_FFN = True

@@ -37,8 +37,8 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     logits only at those positions, ``[len(rows), V]``, equal to ``forward(...)[rows, cols]``;
     hidden states are gathered before the output projection so unread positions are not
     projected. ``ffn_selected_only`` (the caller's promise that no selected position attends to
-    an unselected one: finished streams' dummy columns): the feed-forward blocks run on the
-    selected positions only (:func:`_mlp_on_selected`)."""
+    an unselected one: dummy columns, :data:`.decode.SKIP_UNREAD_FFN`): the feed-forward
+    blocks run on the selected positions only (:func:`_mlp_on_selected`)."""
     hooks = []
     if select is not None:
         rows, cols = select
