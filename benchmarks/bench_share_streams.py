@@ -20,36 +20,17 @@ from __future__ import annotations
 
 import sys
 
-from safetyrepro.perf.args import decode_group_parser
-
-# the slice's decode groups (bench_slice.py) for every model
-DEFAULT_CASES = [f"{m}:{case}" for m in ("smollm2-135m", "qwen2.5-0.5b", "gemma3-270m")
-                 for case in ("truthfulqa:T1:k0", "bbq:T4:k0", "xstest:T2:k5")]
+from safetyrepro.perf.args import SLICE_DECODE_GROUPS, decode_group_parser
 
 
 def main(argv=None) -> int:
-    args = decode_group_parser(__doc__, DEFAULT_CASES).parse_args(argv)
-
-    from safetyrepro.perf.report import publish
-    from safetyrepro.perf.workload import switch_comparison
-
-    try:
-        rows, records = switch_comparison(args.config, args.cases, args.rounds,
-                                          "safetyrepro.inference.decode", "SHARE_EQUAL_STREAMS",
-                                          {"own column": False, "shared": True})
-    except FileNotFoundError as exc:  # the run's items are missing
-        print(exc, file=sys.stderr)
-        return 2
-    for row, record in zip(rows, records):
-        decode = record["decode"]["shared"]
-        tokens = sum(d["tokens"] for d in decode)
-        record["shared_share"] = sum(d["shared_tokens"] for d in decode) / tokens if tokens else 0.0
-        row.append(record["shared_share"])
-    publish("share_streams", ["model", "benchmark", "template-shots", "own column s (median)",
-                              "shared s (median)", "speed-up", "identical sequences",
-                              "shared share of decode tokens"], rows, {"records": records},
-            out_dir=args.out)
-    return 0
+    args = decode_group_parser(__doc__, SLICE_DECODE_GROUPS).parse_args(argv)
+    from safetyrepro.perf.workload import decode_switch_benchmark  # torch: not for --help
+    return decode_switch_benchmark(
+        args, "share_streams", "SHARE_EQUAL_STREAMS", {"own column": False, "shared": True},
+        ["model", "benchmark", "template-shots", "own column s (median)", "shared s (median)",
+         "speed-up", "identical sequences", "shared share of decode tokens"],
+        ("shared_tokens", "tokens", "shared_share"))
 
 
 if __name__ == "__main__":

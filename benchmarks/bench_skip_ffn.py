@@ -1,7 +1,10 @@
-"""Benchmark 20: decode steps whose finished streams' dummy columns skip the feed-forward blocks.
+"""Benchmark 20: decode steps whose dummy columns skip the feed-forward blocks.
 
-With stream columns, a prompt's finished streams keep a masked dummy column in every decode
-step until the whole row leaves the batch (``safetyrepro.inference.decode``). No logit is read
+Its record (``results/skip_ffn.json``, ``c3ddb27``) measured the stream-column layout before
+``e70fb55``, where a prompt's finished streams kept a masked dummy column in every decode step
+until the whole row left the batch; since then a step feeds one column per distinct history
+and the dummies are the padding of rows narrower than the step's widest (and, in a
+continuous batch, finished streams' columns; ``safetyrepro.inference.decode``). No logit is read
 there and no other position attends to it, so the decode loops have
 ``safetyrepro.inference.prefill.forward`` run each layer's feed-forward block on the running
 streams' positions only (``safetyrepro.inference.decode.SKIP_UNREAD_FFN``). This times decode
@@ -21,35 +24,18 @@ from __future__ import annotations
 
 import sys
 
-from safetyrepro.perf.args import decode_group_parser
-
-# the slice's decode groups (bench_slice.py) for every model
-DEFAULT_CASES = [f"{m}:{case}" for m in ("smollm2-135m", "qwen2.5-0.5b", "gemma3-270m")
-                 for case in ("truthfulqa:T1:k0", "bbq:T4:k0", "xstest:T2:k5")]
+from safetyrepro.perf.args import SLICE_DECODE_GROUPS, decode_group_parser
 
 
 def main(argv=None) -> int:
-    args = decode_group_parser(__doc__, DEFAULT_CASES).parse_args(argv)
-
-    from safetyrepro.perf.report import publish
-    from safetyrepro.perf.workload import switch_comparison
-
-    try:
-        rows, records = switch_comparison(args.config, args.cases, args.rounds,
-                                          "safetyrepro.inference.decode", "SKIP_UNREAD_FFN",
-                                          {"every position": False, "running only": True})
-    except FileNotFoundError as exc:  # the run's items are missing
-        print(exc, file=sys.stderr)
-        return 2
-    for row, record in zip(rows, records):
-        decode = record["decode"]["running only"]
-        slots = sum(d["token_slots"] for d in decode)
-        record["dummy_share"] = sum(d["dummy_slots"] for d in decode) / slots if slots else 0.0
-        row.append(record["dummy_share"])
-    publish("skip_ffn", ["model", "benchmark", "template-shots", "every position s (median)",
-                         "running only s (median)", "speed-up", "identical sequences",
-                         "dummy share of decode positions"], rows, {"records": records}, out_dir=args.out)
-    return 0
+    args = decode_group_parser(__doc__, SLICE_DECODE_GROUPS).parse_args(argv)
+    from safetyrepro.perf.workload import decode_switch_benchmark  # torch: not for --help
+    return decode_switch_benchmark(
+        args, "skip_ffn", "SKIP_UNREAD_FFN", {"every position": False, "running only": True},
+        ["model", "benchmark", "template-shots", "every position s (median)",
+         "running only s (median)", "speed-up", "identical sequences",
+         "dummy share of decode positions"],
+        ("dummy_slots", "token_slots", "dummy_share"))
 
 
 if __name__ == "__main__":

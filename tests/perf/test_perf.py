@@ -132,6 +132,20 @@ def test_shared_benchmark_arguments_import_nothing_heavy_and_keep_their_defaults
     assert decode_group_parser("First paragraph.\n\nSecond.", []).description == "First paragraph."
 
 
+def test_slice_decode_groups_name_the_default_runs_models_and_benchmarks(cfg):
+    """Benchmarks 20 and 21 time the slice's decode groups: every case names a model and a
+    benchmark of the default config and a template and shots of its rules, three per model."""
+    from safetyrepro.perf.args import SLICE_DECODE_GROUPS
+
+    templates = {lv["id"] for lv in cfg.rules.levels("template")}
+    shots = {lv["id"] for lv in cfg.rules.levels("shots")}
+    models = [case.split(":")[0] for case in SLICE_DECODE_GROUPS]
+    assert sorted(set(models)) == sorted(cfg.models) and all(models.count(m) == 3 for m in cfg.models)
+    for case in SLICE_DECODE_GROUPS:
+        _, bench, template, k = case.split(":")
+        assert bench in cfg.benchmarks and template in templates and k in shots
+
+
 def test_cell_bench_setup_names_the_missing_items_and_the_command(tmp_path):
     import yaml
 

@@ -16,6 +16,11 @@ def bench_parser(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+# The decode groups of bench_slice.py's slice, every model: benchmarks 20 and 21 time these
+SLICE_DECODE_GROUPS = [f"{m}:{case}" for m in ("smollm2-135m", "qwen2.5-0.5b", "gemma3-270m")
+                       for case in ("truthfulqa:T1:k0", "bbq:T4:k0", "xstest:T2:k5")]
+
+
 def decode_group_parser(doc: str, cases: list[str], rounds: int = 2) -> argparse.ArgumentParser:
     """:func:`bench_parser` with the decode-group benchmarks' ``--cases`` (what
     :func:`safetyrepro.perf.workload.group_cases` reads), ``--rounds`` and ``--out``."""

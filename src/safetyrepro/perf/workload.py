@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from ..items import build_items, read_items
 from ..plan import Plan
 from ..requests import cell_requests
 from ..tasks import load_task
+from .report import publish
 from .timing import alternate
 
 
@@ -181,3 +183,28 @@ def switch_comparison(config_path: str, cases: list[str], rounds: int, module: s
         rows.append(row)
         records.append(record | {attr.lower(): shipped, "decode": dict(decode)})
     return rows, records
+
+
+def decode_switch_benchmark(args, name: str, attr: str, variants: dict[str, object],
+                            headers: list[str], share: tuple[str, str, str]) -> int:
+    """Benchmarks 20 and 21: :func:`switch_comparison` of the decode switch
+    ``safetyrepro.inference.decode.<attr>`` over ``args.cases`` (``args``: a
+    :func:`.args.decode_group_parser` namespace), plus one share from the shipped variant's
+    decode records, ``share = (numerator, denominator, record key)`` (e.g. dummy slots over
+    token slots), as the table's last column; published as ``<name>.json``. Returns the exit
+    status (2 where the run's items are missing)."""
+    try:
+        rows, records = switch_comparison(args.config, args.cases, args.rounds,
+                                          "safetyrepro.inference.decode", attr, variants)
+    except FileNotFoundError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    shipped = list(variants)[1]
+    numerator, denominator, key = share
+    for row, record in zip(rows, records):
+        decode = record["decode"][shipped]
+        total = sum(d[denominator] for d in decode)
+        record[key] = sum(d[numerator] for d in decode) / total if total else 0.0
+        row.append(record[key])
+    publish(name, headers, rows, {"records": records}, out_dir=args.out)
+    return 0
