@@ -181,7 +181,9 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
     # seen[r, s, g]: stream s of row r's prompt has its token at generated cache column g
     seen = torch.zeros((n, k, k * max_new_tokens), dtype=torch.bool)
     width = 0                        # generated cache columns so far (every row has as many)
-    node = [(v,) for v in range(n * k)] if not SHARE_EQUAL_STREAMS else [(v % n,) for v in range(n * k)]
+    # each sequence's history as an id: its prompt at first, then its column of the last step
+    # (one id per distinct history); (id, next token) names the history a step extends it to
+    node = [v % n for v in range(n * k)]
     cur, rows = logits, [v % n for v in active]   # logits row of each active sequence
     for step in range(max_new_tokens):
         nxt_list = sampler(cur, active, rows).tolist()
@@ -209,12 +211,12 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         r_n = len(alive_items)
         active, tokens = [active[j] for j in keep], [nxt_list[j] for j in keep]
         # one column per distinct history (per running stream without sharing), first come
-        col_of: dict[tuple, int] = {}
+        col_of: dict[object, int] = {}
         cols_in_row = [0] * r_n
         feed: list[tuple[int, int, int, int]] = []   # (row, column, token, a member stream)
         rows = []
         for v, t in zip(active, tokens):
-            key = node[v] + (t,) if SHARE_EQUAL_STREAMS else node[v]
+            key = (node[v], t) if SHARE_EQUAL_STREAMS else v
             r = row_of[v % n]
             c = col_of.get(key)
             if c is None:
@@ -222,19 +224,19 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
                 feed.append((r, cols_in_row[r], t, v // n))
                 cols_in_row[r] += 1
             rows.append(c)
-            if SHARE_EQUAL_STREAMS:
-                node[v] = key
+            node[v] = c
             seen[r, v // n, width + feed[c][1]] = True
         w = max(cols_in_row)
+        fr, fc, ft, fs = (torch.tensor(f, dtype=torch.long) for f in zip(*feed))
+        c0 = base.shape[1]
         inp = torch.full((r_n, w), pad, dtype=torch.long)
-        allowed = torch.zeros((r_n, w, base.shape[1] + width + w), dtype=torch.bool)
-        allowed[:, :, base.shape[1] + width + torch.arange(w)] = torch.eye(w, dtype=torch.bool)
-        for r, c, t, s in feed:
-            inp[r, c] = t
-            allowed[r, c, :base.shape[1]] = base[r].cpu()
-            allowed[r, c, base.shape[1]:] = seen[r, s, :width + w]
-        select = (torch.tensor([f[0] for f in feed], dtype=torch.long, device=dev),
-                  torch.tensor([f[1] for f in feed], dtype=torch.long, device=dev))
+        inp[fr, fc] = ft
+        # a padding column sees only itself; a real one its prompt and its history's columns
+        allowed = torch.zeros((r_n, w, c0 + width + w), dtype=torch.bool)
+        allowed[:, :, c0 + width + torch.arange(w)] = torch.eye(w, dtype=torch.bool)
+        allowed[fr, fc, :c0] = base.cpu()[fr]
+        allowed[fr, fc, c0:] = seen[fr, fs, :width + w]
+        select = (fr.to(dev), fc.to(dev))
         pos = torch.tensor([[n_prompt[i] + step] * w for i in alive_items], dtype=torch.long)
         cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
                       prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
