@@ -110,13 +110,22 @@ def test_cell_shard_schema_and_metadata(setup, benchmark, cell):
     assert len(meta["fewshot_ids"]) == int(cell.split("-")[2][1:])
     assert meta["variant"] == "main" and meta["parser_version"] == load_task(benchmark).parser_version
     # what the engine decided about the cell's batches: nothing ran out of memory here, and a
-    # free-form cell's decode group was planned once over the cell's two prompts
+    # free-form cell's decode group was planned once over the cell's two prompts and records
+    # what its decode forwards computed (the engine's DecodeStats, not dropped on the way)
     assert meta["batching"]["oom_splits"] == []
     gen_plans = [p for p in meta["batching"]["plans"] if p["what"] == "generation"]
+    decode = meta["batching"]["decode"]
     if cell.endswith("freeform"):
         assert len(gen_plans) == 1 and sum(b["prompts"] for b in gen_plans[0]["batches"]) == 2
+        # a sequence of n tokens took n - 1 decode forwards of its group (the first token comes
+        # from the prefill); no forward runs past max_new_tokens
+        (d,) = decode
+        longest = max(r["n_gen_tokens"] for r in table.to_pylist())
+        assert longest - 1 <= d["forwards"] <= meta["max_new_tokens"] - 1
+        assert 0 <= d["distinct"] <= d["tokens"] and d["distinct"] <= d["token_slots"]
+        assert d["forwards"] == 0 or d["distinct"] > 0
     else:
-        assert gen_plans == []
+        assert gen_plans == [] and decode == []
     rows = table.to_pylist()
     if cell.endswith("logprob"):
         for r in rows:

@@ -174,9 +174,9 @@ class ModelCellRunner:
         in whatever order the scheduler sends them. A (decoding, seed) is handed out once;
         asking again (a rerun) generates the group afresh, with the same result, since each
         sequence drives its own generator and the batch is the same. What the engine recorded
-        about the group's batches (plans, out-of-memory splits; kept with the pending outputs)
-        is added to ``batching`` (a :class:`.inference.batching.BatchRecord`) of every cell the
-        group serves."""
+        about the group's batches (plans, out-of-memory splits, what its decode forwards computed;
+        kept with the pending outputs) is added to ``batching`` (a
+        :class:`.inference.batching.BatchRecord`) of every cell the group serves."""
         from .inference.batching import BatchRecord
         from .inference.generate import copy_generations
 
@@ -206,6 +206,7 @@ class ModelCellRunner:
             del self._pending[key]
         batching.splits.extend(record.splits)
         batching.plans.extend(record.plans)
+        batching.decode.extend(record.decode)
         return gens
 
 

@@ -123,10 +123,12 @@ def _fork_rows(cache, keep: list[int]):
 
 
 def decode_rows(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: int,
-            n_prompt: list[int], t0: float, prefix: Prefix | None = None) -> list[Generation]:
+            n_prompt: list[int], t0: float, prefix: Prefix | None = None,
+            stats: DecodeStats | None = None) -> list[Generation]:
     """Decode one prefilled batch; returns one Generation per row (batch order). ``prefix``:
     the call's shared prefix, when the batch cache was prefilled on a detached one
-    (:func:`.prefill.forward`)."""
+    (:func:`.prefill.forward`). ``stats``: counts this call's decode forwards (one position
+    per running row; rows never share)."""
     offset = prefix.offset if prefix is not None else 0
     n = logits.shape[0]
     out = _Outputs(lm, n, max_new_tokens, t0)
@@ -152,6 +154,8 @@ def decode_rows(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: i
         pos = mask.sum(dim=1, keepdim=True) - 1 + offset
         logits = forward(lm, nxt.unsqueeze(1), mask, pos, cache, logits_to_keep=1,
                          prefix=prefix)[:, -1, :]
+        if stats is not None:
+            stats.add(len(active), len(active))
     return out.generations(n_prompt)
 
 

@@ -139,13 +139,14 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                         sub = _Sampler.for_streams([streams[si] for si in members], row_prompts)
                         part = decode_rows(lm, c, m, lg, sub, max_new_tokens=max_new_tokens,
                                        n_prompt=[len(enc[i]) for i in rows] * len(members),
-                                       t0=time.perf_counter(), prefix=prefix)
+                                       t0=time.perf_counter(), prefix=prefix, stats=stats)
                         for mi, si in enumerate(members):
                             gens[si * n:(si + 1) * n] = part[mi * n:(mi + 1) * n]
                 else:
                     gens = decode_rows(lm, cache, mask, logits, _Sampler.for_streams(streams, row_prompts),
                                    max_new_tokens=max_new_tokens,
-                                   n_prompt=[len(enc[i]) for i in rows], t0=t1, prefix=prefix)
+                                   n_prompt=[len(enc[i]) for i in rows], t0=t1, prefix=prefix,
+                                   stats=stats)
                 for g in gens:
                     g.latency_s = round(g.latency_s + t_pre, 6)
                 bar.update(n * k)
