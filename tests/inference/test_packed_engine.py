@@ -173,20 +173,85 @@ def test_packed_and_fork_equal_plain_fp32(cfg, gemma, key):
         _assert_equal(lm, score_candidates(lm, ctx, cands, method="packed"), plain, mag)
 
 
+# Past Gemma-3's 512-token window, prompts that share a long few-shot-like prefix and differ in
+# length: a shorter row is padded between the prefix and its own tokens (or packed), so a window
+# counted in cache columns, not positions, would drop prefix keys the row sees when alone.
+FACTS = " ".join(f"Fact {i}: the number {i} follows {i - 1}." for i in range(1, 55))
+PAST_QUESTIONS = ["Why?", "What comes after 12?",
+                  "Please explain, in as much detail as you can manage, "
+                  + "why the numbers in the facts above are ordered the way they are, " * 6]
+
+
+def _past_window_prompts(lm):
+    prompts = [format_prompt(lm.tokenizer, [{"role": "system", "content": FACTS},
+                                            {"role": "user", "content": q}]) for q in PAST_QUESTIONS]
+    lengths = [len(encode_prompt(lm.tokenizer, p)) for p in prompts]
+    window = lm.model.config.get_text_config().sliding_window
+    assert min(lengths) > window and max(lengths) - min(lengths) > 60  # long pads, past the window
+    return prompts
+
+
 @pytest.mark.slow
-def test_sliding_window_model_falls_back_beyond_the_window(gemma):
+@pytest.mark.numerics
+def test_rows_past_the_window_prefill_as_each_prompt_alone(gemma):
+    # the batch prefill's last logits of every row against the prompt's own plain forward, with
+    # the engine masking the sliding layers by position (window_mask) and without (the model's
+    # own column-counted window: then no prefix is shared and rows are padded on the left only)
+    prompts = _past_window_prompts(gemma)
+    seqs = [encode_prompt(gemma.tokenizer, p) for p in prompts]
+    tol = model_logit_tol(gemma, logit_magnitude(gemma, prompts))
+    with torch.inference_mode():
+        alone = [gemma.model(torch.tensor([s])).logits[0, -1].float() for s in seqs]
+        for masks in (True, False):
+            caps = Capabilities.of(gemma, max(map(len, seqs)) + 8, window_masks=masks)
+            assert caps.window_mask == masks and caps.pad_after_prefix == masks
+            prefix = build_prefix(gemma, seqs, caps)
+            assert (len(prefix) > 500) == masks  # the long shared prefix, where it is safe
+            _, _, last = prefill(gemma, prefix, seqs, caps)
+            for i, a in enumerate(alone):
+                err = (last[i] - a).abs().max().item()
+                assert err <= tol, (masks, i, err, tol)
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_generation_past_the_window_equals_each_prompt_alone(gemma):
+    from safetyrepro.inference.generate import generate_streams
+    from safetyrepro.inference.sampling import Stream
+
+    prompts = _past_window_prompts(gemma)
+    rel = model_rel_tol(gemma)
+    # greedy, batched: stream columns with window masks (even for one stream) ...
+    from safetyrepro.inference.batching import BatchRecord
+
+    record = BatchRecord()
+    gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3, record=record)
+    assert record.plans[0]["stream_columns"] and record.plans[0]["prefix_tokens"] > 500
+    for p, g in zip(prompts, gens):
+        agree(g.token_ids, _cut(reference_greedy(gemma, p, 8), len(g.token_ids)), rel)
+    # ... and sampled streams as columns with window masks against the rows of the fallback
+    streams = [Stream(0.0, 1.0, 0)] + [Stream(0.7, 1.0, s) for s in range(3)]
+    traces = {}
+    for masks in (True, False):
+        with Trace().recording() as traces[masks]:
+            generate_streams(gemma, prompts, streams, max_new_tokens=8, window_masks=masks)
+    assert_sequences_agree(traces[False], traces[True], rel)
+
+
+@pytest.mark.slow
+def test_scoring_past_the_window_equals_plain(gemma):
+    # contexts past the window: packed scoring masks the sliding layers by position; the fork
+    # path (explicit) shares no prefix there; both give the plain scorer's numbers
     lm = gemma
     window = lm.model.config.get_text_config().sliding_window
     assert packed_supported(lm, window) and not packed_supported(lm, window + 1)
-    # a context longer than the window: auto picks the fork path, packed refuses
-    long_ctx = format_prompt(lm.tokenizer, [{"role": "user", "content": "word " * (window + 20)}])
-    ctx, cands = [long_ctx, long_ctx + "x"], [["yes", "no way"], ["maybe so", "no"]]
-    auto = score_candidates(lm, ctx, cands)
-    fork = score_candidates(lm, ctx, cands, method="fork")   # the same path: the same numbers
-    assert [[(x.loglik, x.n_tokens, x.is_greedy) for x in r] for r in auto] == \
-        [[(x.loglik, x.n_tokens, x.is_greedy) for x in r] for r in fork]
-    with pytest.raises(ValueError, match="packed scoring is not supported"):
-        score_candidates(lm, ctx, cands, method="packed")
+    ctx = _past_window_prompts(lm)
+    cands = [[" Because", " No idea at all"], [" 13", " Thirteen, of course"],
+             [" Sure.", " The numbers count up"]]
+    plain = score_candidates_plain(lm, ctx, cands, batch_size=3)
+    mag = logit_magnitude(lm, [c + x for c, xs in zip(ctx, cands) for x in xs])
+    for method in ("auto", "packed", "fork"):
+        _assert_equal(lm, score_candidates(lm, ctx, cands, method=method), plain, mag)
     with pytest.raises(ValueError, match="method must be one of"):
         score_candidates(lm, ctx, cands, method="fast")
 
@@ -295,8 +360,9 @@ def test_drop_rows_moves_kept_rows_in_place_without_copying_the_cache():
 def test_generation_on_a_sliding_window_model_equals_per_item_generate(gemma):
     # Gemma-3, prompts inside its 512-token window: generation treats the sliding layers as full
     # attention (window_as_full: packed prefill, detached prefix); outside such a call the
-    # model's sliding layers keep their own caches and packed prefill is refused
-    assert not Capabilities.of(gemma).mask_4d
+    # engine masks the sliding layers itself, or (without those masks) the model's sliding
+    # layers keep their own caches and packed prefill is refused
+    assert not Capabilities.of(gemma, window_masks=False).mask_4d
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     gens = generate(gemma, prompts, max_new_tokens=8, temperature=0, batch_size=3)
@@ -355,9 +421,15 @@ def test_window_as_full_gives_the_sliding_model_stream_columns_with_the_same_out
     window = gemma.model.config.get_text_config().sliding_window
     assert Capabilities.of(gemma, window) == Capabilities(mask_4d=True, detached_prefix=True,
                                                           window_as_full=True)
-    assert Capabilities.of(gemma, window + 1) == Capabilities(False, False, False)
+    # past the window (or of unknown length) the engine masks the sliding layers by position,
+    # over full caches, with a prefix in the rows' caches; without those masks it shares none
+    past = Capabilities(mask_4d=True, detached_prefix=False, window_as_full=False,
+                        window_mask=True, pad_after_prefix=True)
+    assert Capabilities.of(gemma, window + 1) == past
+    assert Capabilities.of(gemma) == past  # length unknown
+    assert Capabilities.of(gemma, window + 1, window_masks=False) == Capabilities(
+        False, False, False, window_mask=False, pad_after_prefix=False)
     assert Capabilities.of(gemma, window, window_full=False) == Capabilities(False, False, False)
-    assert Capabilities.of(gemma) == Capabilities(False, False, False)  # length unknown
     prompts = [format_prompt(gemma.tokenizer, [{"role": "system", "content": SYSTEM},
                                                {"role": "user", "content": q}]) for q in QUESTIONS]
     shapes, traces = {}, {}

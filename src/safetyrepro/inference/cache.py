@@ -7,7 +7,8 @@ place (:class:`ReservedLayer`, :class:`ReservedSlidingLayer`), since concatenati
 every step reallocates it; finished rows leave in place (:func:`drop_rows`). A call whose
 prompts plus new tokens fit a sliding window
 (:attr:`.capabilities.Capabilities.window_as_full`) gets full layers only, so packed prefill,
-the detached prefix and stream columns work on such models too.
+the detached prefix and stream columns work on such models too; so does a call past the window
+whose sliding layers get their masks from the engine (``window_mask``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 def new_cache(lm, caps=None):
     """An empty cache for ``lm``: layer kinds from its config (sliding-window layers keep their
     window), or full layers only when ``caps`` (:class:`.capabilities.Capabilities`) treats the
-    windows as full attention."""
+    windows as full attention or masks them itself (``window_mask``)."""
     from transformers import DynamicCache
-    if caps is not None and caps.window_as_full:
+    if caps is not None and (caps.window_as_full or caps.window_mask):
         return DynamicCache()
     return DynamicCache(config=lm.model.config)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import drop_rows, fork_cache, reserve, ring
-from .packing import attention_mask_4d
+from .packing import attention_mask_4d, model_mask
 from .prefill import Prefix, forward, prefill
 from .sampling import _Sampler
 
@@ -162,7 +162,8 @@ def decode_rows(lm, cache, mask, logits, sampler: _Sampler, *, max_new_tokens: i
 def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds: int,
                          max_new_tokens: int, n_prompt: list[int], t0: float,
                          prefix: Prefix | None = None,
-                         stats: DecodeStats | None = None) -> list[Generation]:
+                         stats: DecodeStats | None = None,
+                         window: int | None = None) -> list[Generation]:
     """Decode ``n_seeds`` streams of each prefilled row with ONE cache row per prompt.
 
     Each step feeds the prompt's running streams' tokens as columns of its row; a 4D mask lets
@@ -173,7 +174,9 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
     over the same keys gives the same logits, which each stream then samples with its own
     generator; when they part, each later column sees the shared columns as its own past.
     Sequences are stream-major (``s * n + i`` = stream s of prompt i); a row with fewer
-    columns than the widest row that step pads with a masked column no one reads."""
+    columns than the widest row that step pads with a masked column no one reads. ``window``:
+    the sliding layers' window where the engine masks it (:func:`.packing.model_mask`, from
+    each column's position id), None where the layers need no window mask."""
     n, k = logits.shape[0], n_seeds
     out = _Outputs(lm, n * k, max_new_tokens, t0)
     dev = mask.device
@@ -182,6 +185,8 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
     row_of = list(range(n))          # current cache row of each prompt (-1 once dropped)
     alive_items = list(range(n))
     base = mask.bool()
+    offset = prefix.offset if prefix is not None else 0
+    gpos = torch.zeros((n, 0), dtype=torch.long)   # position id of every generated column
     # seen[r, s, g]: stream s of row r's prompt has its token at generated cache column g
     seen = torch.zeros((n, k, k * max_new_tokens), dtype=torch.bool)
     width = 0                        # generated cache columns so far (every row has as many)
@@ -208,6 +213,7 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
             item_at = {row_of[i]: i for i in alive_items}
             idx = torch.tensor(order, dtype=torch.long)
             base, seen = base.index_select(0, idx.to(dev)), seen.index_select(0, idx)
+            gpos = gpos.index_select(0, idx)
             alive_items = [item_at[o] for o in order]
             row_of = [-1] * n
             for r, i in enumerate(alive_items):
@@ -242,8 +248,14 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         allowed[fr, fc, c0:] = seen[fr, fs, :width + w]
         select = (fr.to(dev), fc.to(dev))
         pos = torch.tensor([[n_prompt[i] + step] * w for i in alive_items], dtype=torch.long)
-        cur = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+        kpos = None
+        if window is not None:  # the prompt's columns count from its first real token
+            pb = base.cpu().long()
+            kpos = torch.cat([pb.cumsum(1) - 1 + offset, gpos, pos], dim=1)
+        attn = model_mask(lm, allowed, window=window, qpos=pos, kpos=kpos, device=dev)
+        cur = forward(lm, inp.to(dev), attn, pos.to(dev), cache,
                       prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
+        gpos = torch.cat([gpos, pos], dim=1)
         width += w
         if stats is not None:
             stats.add(r_n * w, len(active), len(feed))

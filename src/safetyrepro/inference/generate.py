@@ -23,6 +23,7 @@ from .attention import GROUPED_NAMES, attn_implementation
 from .capabilities import Capabilities
 from .encoding import encode_prompt
 from .memory import MemoryBudget, ModelDims, budget_for, generation_footprint, plan_batches
+from .packing import sliding_window
 from .prefill import build_prefix, prefill
 from .sampling import NonFiniteLogits, Stream, _Sampler  # NonFiniteLogits: re-exported (cells)
 from .store import PrefillStore
@@ -63,7 +64,7 @@ def copy_generations(gens: list[Generation]) -> list[Generation]:
 def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_tokens: int,
                      batch_size: int = 16, progress=None, prefix_cache: bool = True,
                      stream_columns: bool = True, store: PrefillStore | None = None,
-                     window_full: bool = True,
+                     window_full: bool = True, window_masks: bool | None = None,
                      record: BatchRecord | None = None,
                      budget: MemoryBudget | None = None,
                      refill: bool | None = None) -> list[list[Generation]]:
@@ -74,7 +75,9 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     of its one cache row (:func:`.decode.decode_stream_columns`), else as repeated rows, one
     temperature/top_p kind at a time. ``store``: prefixes and prefills reused across calls
     (:class:`.store.PrefillStore`). ``window_full``: run sliding-window layers as full
-    attention when the whole call fits in the window. ``budget``: the memory budget batches
+    attention when the whole call fits in the window; ``window_masks``: past the window, mask
+    the sliding layers by position where the model allows it, else share no prefix (None:
+    :data:`.capabilities.WINDOW_MASKS`; :class:`.capabilities.Capabilities`). ``budget``: the memory budget batches
     are sized against (default: ``lm``'s device, less the store's bytes). ``record``
     (:class:`.batching.BatchRecord`) receives the batch plan and every out-of-memory split.
     ``refill`` (with stream columns): decode as one continuous batch whose finished rows take
@@ -97,11 +100,15 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     results: list[dict[int, Generation]] = [{} for _ in streams]
     # A sliding-window model (Gemma-3) attends fully when the whole call stays inside its
     # window: then it gets packed prefill, the detached prefix and stream columns too.
-    caps = Capabilities.of(lm, max(len(e) for e in enc) + max_new_tokens, window_full=window_full)
+    caps = Capabilities.of(lm, max(len(e) for e in enc) + max_new_tokens, window_full=window_full,
+                           window_masks=window_masks)
     try:
         with torch.inference_mode():
             prefix = build_prefix(lm, enc, caps, enabled=prefix_cache, store=store)
-            columns = stream_columns and k > 1 and caps.mask_4d
+            # past a sliding window whose masks the engine builds, every call decodes as
+            # columns (one stream too): only their step masks count the window in positions
+            columns = caps.mask_4d and (caps.window_mask or (stream_columns and k > 1))
+            window = sliding_window(lm.model.config) if caps.window_mask else None
             stats = DecodeStats()
 
             def run(rows: list[int]) -> dict:
@@ -118,12 +125,12 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                 # Columns pay for masked-out keys (the other streams' tokens) to store and read
                 # each prompt's own columns once; they are used wherever the model supports
                 # them (benchmarks/bench_seed_columns.py, RESULTS.md section 3b).
-                if k > 1 and columns:
+                if columns:
                     gens = decode_stream_columns(lm, cache, mask, logits,
                                                 _Sampler.for_streams(streams, row_prompts), n_seeds=k,
                                                 max_new_tokens=max_new_tokens,
                                                 n_prompt=[len(enc[i]) for i in rows], t0=t1,
-                                                prefix=prefix, stats=stats)
+                                                prefix=prefix, stats=stats, window=window)
                 elif k > 1:
                     # Repeated rows: each row holds its own copy of its prompt, so one decode of
                     # every stream would read ``k`` copies per step; streams of the same
@@ -179,7 +186,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                                  "footprint_bytes": f} for b, f in plan]})
             if refill is None:
                 refill = lm.info.get("device", "cpu") != "cpu"
-            continuous = bool(refill and columns)
+            continuous = bool(refill and columns and not caps.window_mask)
             if record is not None:
                 record.plans[-1]["refill"] = continuous
             slots = [len(plan[0][0])]  # rows of a continuous batch (halved on out-of-memory)

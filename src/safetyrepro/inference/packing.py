@@ -216,6 +216,22 @@ def pack_items(prefix_len: int, ctx_ids: list[list[int]], cont_ids: list[list[li
     return Pack(inp, pos, allowed, keep, tt(g_col), tt(g_tgt), tt(g_cand), cand_index)
 
 
+def model_mask(lm, allowed: torch.Tensor, *, window: int | None = None,
+               qpos: torch.Tensor | None = None, kpos: torch.Tensor | None = None, device=None):
+    """The ``attention_mask`` argument for ``allowed`` [B, Q, K] on ``device``: one 4D mask
+    (:func:`attention_mask_4d`), or with ``window`` (a call whose sliding layers the engine
+    masks, :attr:`.capabilities.Capabilities.window_mask`) one per layer kind, the sliding
+    layers' keeping only keys fewer than ``window`` positions behind their query (``qpos``
+    [B, Q] and ``kpos`` [B, K]: position ids; transformers' sliding rule, counted in positions
+    where a model's own mask counts cache columns)."""
+    full = attention_mask_4d(lm, allowed)
+    if window is None:
+        return full.to(device) if device is not None else full
+    near = (qpos[:, :, None] - kpos[:, None, :]) < window
+    masks = {"full_attention": full, "sliding_attention": attention_mask_4d(lm, allowed & near)}
+    return {k: v.to(device) for k, v in masks.items()} if device is not None else masks
+
+
 def attention_mask_4d(lm, allowed: torch.Tensor) -> torch.Tensor:
     """``allowed`` [B, Q, K] as the model's 4D mask [B, 1, Q, K]: boolean for sdpa, additive
     float (0 / dtype min) for eager attention."""

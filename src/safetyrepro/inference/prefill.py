@@ -31,6 +31,8 @@ def forward(lm, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             select: tuple[torch.Tensor, torch.Tensor] | None = None,
             ffn_selected_only: bool = False) -> torch.Tensor:
     """One forward pass extending ``cache`` in place; returns the logits (kept positions).
+    ``attention_mask``: 2D 0/1, 4D, or one 4D mask per layer kind
+    (:func:`.packing.model_mask`).
 
     With a detached ``prefix``, ``cache`` and ``attention_mask`` hold the rows' own columns and
     every query also attends to the prefix (:mod:`.attention`). ``select = (rows, cols)``:
@@ -136,15 +138,16 @@ def build_prefix(lm, seqs: list[list[int]], caps: Capabilities, *, enabled: bool
                  store: PrefillStore | None = None) -> Prefix:
     """Prefill the token prefix shared by all ``seqs`` once (see the module docstring), laid
     out as the call's capabilities ``caps`` say. Every sequence keeps at least one token of its
-    own after the prefix. With a ``store``, a prefix already computed on this model is taken
-    from it."""
-    if not enabled or len(seqs) < 2:
+    own after the prefix; none is shared where rows may not be padded after one
+    (``caps.pad_after_prefix``). With a ``store``, a prefix already computed on this model is
+    taken from it."""
+    if not enabled or len(seqs) < 2 or not caps.pad_after_prefix:
         return Prefix([], None)
     n = min(common_prefix_len(seqs), min(len(s) for s in seqs) - 1)
     if n < MIN_PREFIX:
         return Prefix([], None)
     ids = seqs[0][:n]
-    key = ("prefix", caps.detached_prefix, caps.window_as_full, tuple(ids))
+    key = ("prefix", caps.detached_prefix, caps.window_as_full, caps.window_mask, tuple(ids))
     if store is not None:
         got = store.get(key)
         if got is not None:
@@ -169,14 +172,15 @@ def prefill(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities, *,
     computed (:func:`prefill_packed`); same layout either way. With a ``store``, a batch
     prefilled before is taken from it: callers must not write into the returned cache."""
     if store is not None:
-        key = ("batch", len(prefix), prefix.detached, caps.window_as_full, packed,
-               tuple(map(tuple, seqs)))
+        key = ("batch", len(prefix), prefix.detached, caps.window_as_full, caps.window_mask,
+               packed, tuple(map(tuple, seqs)))
         got = store.get(key)
         if got is None:
             got = prefill(lm, prefix, seqs, caps, packed=packed)
             store.put(key, got, _nbytes(*got))
         return got
-    if packed and len(seqs) > 1 and caps.mask_4d:
+    # a call whose sliding layers the engine masks has no other correct batch layout
+    if (packed or caps.window_mask) and len(seqs) > 1 and caps.mask_4d:
         return prefill_packed(lm, prefix, seqs, caps)
     dev = lm.device
     p = len(prefix)
@@ -207,7 +211,7 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities
     forward with logits only at each suffix's last token, and the resulting keys/values are
     then gathered into the usual left-padded per-sequence layout ``[prefix][pads][suffix]``
     for decoding. Same contract and results (up to float reassociation) as the padded path."""
-    from .packing import attention_mask_4d, pack_rows
+    from .packing import model_mask, pack_rows, sliding_window
 
     dev = lm.device
     p = len(prefix)
@@ -236,12 +240,16 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities
             where[i] = (r, off, n)
             off += n
     q = p - prefix.offset  # prefix columns inside the batch cache (0 when detached)
+    kpos = pos
     if q:
         allowed = torch.cat([real[:, :, None].expand(n_rows, width, q), new], dim=2)
         cache = fork_cache(prefix.cache, expand=n_rows)
+        kpos = torch.cat([torch.arange(q).expand(n_rows, q), pos], dim=1)
     else:
         allowed, cache = new, new_cache(lm, caps)
-    logits = forward(lm, inp.to(dev), attention_mask_4d(lm, allowed).to(dev), pos.to(dev), cache,
+    window = sliding_window(lm.model.config) if caps.window_mask else None
+    attn = model_mask(lm, allowed, window=window, qpos=pos, kpos=kpos, device=dev)
+    logits = forward(lm, inp.to(dev), attn, pos.to(dev), cache,
                      logits_to_keep=keep.to(dev), prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
         raise RuntimeError("the model ignored a boolean logits_to_keep during packed prefill")

@@ -4,8 +4,10 @@ A candidate's ``loglik`` is the sum of its tokens' float32 log-probabilities giv
 (tokenised by :func:`.encoding.encode_pair`); ``is_greedy`` says whether every candidate token
 is the argmax (lm-evaluation-harness's "is_greedy"). :func:`score_candidates` runs each context
 once on top of the shared prefix, either ``packed`` (:mod:`.packing`: one forward per batch of
-items) or ``fork`` (prefilled contexts forked once per candidate; for attention without
-arbitrary masks or items beyond a sliding window). :func:`score_candidates_plain` is the
+items; past a sliding window with the window masked by position,
+:attr:`.capabilities.Capabilities.window_mask`) or ``fork`` (prefilled contexts forked once per
+candidate; for attention without arbitrary masks, and past the window of a model that takes no
+mask per layer kind, where no prefix is shared). :func:`score_candidates_plain` is the
 reference (one full forward per candidate). A non-finite log-likelihood raises CellError.
 """
 
@@ -23,7 +25,7 @@ from .encoding import encode_continuation, encode_prompt, split_trailing_space
 from .cache import fork_cache, new_cache
 from .capabilities import Capabilities
 from .prefill import build_prefix, forward, positions, prefill
-from .packing import (attention_mask_4d, pack_items, packed_supported, tree_columns,
+from .packing import (model_mask, pack_items, packed_supported, sliding_window, tree_columns,
                       tree_positions)
 
 
@@ -122,10 +124,15 @@ def score_token_candidates(lm, ctx_ids: list[list[int]], cont_ids: list[list[lis
     bar = Progress(progress, len(ctx_ids), "score")
     try:
         with torch.inference_mode():
-            caps = Capabilities.of(lm, window_full=False)  # packed scoring checks its window itself
-            prefix = build_prefix(lm, ctx_ids, caps, enabled=prefix_cache, store=store)
             max_pos = max(tree_positions(c, cs) for c, cs in zip(ctx_ids, cont_ids))
-            packed_ok = method != "fork" and packed_supported(lm, max_pos)
+            # packed scoring checks its window itself; past it, it masks the sliding layers
+            # by position where the model allows (Capabilities.window_mask)
+            caps = Capabilities.of(lm, max_pos, window_full=False)
+            packed_ok = method != "fork" and (packed_supported(lm, max_pos) or caps.window_mask)
+            # the fork path pads after a shared prefix, which a window masked by the model
+            # itself (in cache columns) cannot take: past the window it shares none
+            prefix = build_prefix(lm, ctx_ids, caps, store=store,
+                                  enabled=prefix_cache and (packed_ok or not caps.window_mask))
             if method == "packed" and not packed_ok:
                 raise ValueError("packed scoring is not supported for this model/length "
                                  "(attention implementation or sliding window); use method='fork'")
@@ -197,7 +204,12 @@ def _run_packed(lm, caps, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> di
     else:
         cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm, caps)
     keep = pack.keep.to(dev)
-    logits = forward(lm, pack.input_ids.to(dev), attention_mask_4d(lm, allowed).to(dev),
+    window, kpos = (sliding_window(lm.model.config), None) if caps.window_mask else (None, None)
+    if window is not None:  # the prefix's columns (never detached here) count from 0
+        p = len(prefix)
+        kpos = torch.cat([torch.arange(p).expand(n_rows, p), pack.position_ids], dim=1)
+    attn = model_mask(lm, allowed, window=window, qpos=pack.position_ids, kpos=kpos, device=dev)
+    logits = forward(lm, pack.input_ids.to(dev), attn,
                      pack.position_ids.to(dev), cache, logits_to_keep=keep, prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != int(pack.keep.sum()):
         raise _PackedUnsupported()

@@ -186,16 +186,17 @@ def switch_comparison(config_path: str, cases: list[str], rounds: int, module: s
 
 
 def decode_switch_benchmark(args, name: str, attr: str, variants: dict[str, object],
-                            headers: list[str], share: tuple[str, str, str]) -> int:
-    """Benchmarks 20 and 21: :func:`switch_comparison` of the decode switch
-    ``safetyrepro.inference.decode.<attr>`` over ``args.cases`` (``args``: a
+                            headers: list[str], share: tuple[str, str, str],
+                            module: str = "safetyrepro.inference.decode") -> int:
+    """Benchmarks 20, 21 and 23: :func:`switch_comparison` of the engine switch
+    ``<module>.<attr>`` over ``args.cases`` (``args``: a
     :func:`.args.decode_group_parser` namespace), plus one share from the shipped variant's
     decode records, ``share = (numerator, denominator, record key)`` (e.g. dummy slots over
     token slots), as the table's last column; published as ``<name>.json``. Returns the exit
     status (2 where the run's items are missing)."""
     try:
-        rows, records = switch_comparison(args.config, args.cases, args.rounds,
-                                          "safetyrepro.inference.decode", attr, variants)
+        rows, records = switch_comparison(args.config, args.cases, args.rounds, module, attr,
+                                          variants)
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 2
