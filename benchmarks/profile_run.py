@@ -128,7 +128,9 @@ def call_breakdown(results: Path, since: float | None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default=str(ROOT / "results"))
-    ap.add_argument("--log", default=None, help="Snakemake log (default: the newest)")
+    ap.add_argument("--log", default=None,
+                    help="Snakemake log (default: the newest of the run's own .snakemake/log, "
+                         "beside --results)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     results = Path(a.results)
@@ -138,7 +140,9 @@ def main(argv=None) -> int:
             raise SystemExit(f"{log}: no finished job in this log (a dry run, --report or --lint?); "
                              "pass the log of a run that executed jobs")
     else:
-        log, parsed = pick_log(list((ROOT / ".snakemake" / "log").glob("*.snakemake.log")))
+        # the run's own logs: a run in another checkout keeps them beside its results folder
+        logs = results.resolve().parent / ".snakemake" / "log"
+        log, parsed = pick_log(list(logs.glob("*.snakemake.log")))
     from safetyrepro.worker.events import event_files, summarize_events
 
     wall = (parsed["last"] or 0) - (parsed["first"] or 0)
