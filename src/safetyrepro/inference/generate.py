@@ -77,8 +77,9 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
     (:class:`.store.PrefillStore`). ``window_full``: run sliding-window layers as full
     attention when the whole call fits in the window; ``window_masks``: past the window, mask
     the sliding layers by position where the model allows it, else share no prefix (None:
-    :data:`.capabilities.WINDOW_MASKS`; :class:`.capabilities.Capabilities`). ``budget``: the memory budget batches
-    are sized against (default: ``lm``'s device, less the store's bytes). ``record``
+    :data:`.capabilities.WINDOW_MASKS`; :class:`.capabilities.Capabilities`). ``budget``: the
+    memory budget batches are sized against (default: ``lm``'s device, less the store's
+    bytes). ``record``
     (:class:`.batching.BatchRecord`) receives the batch plan and every out-of-memory split.
     ``refill`` (with stream columns): decode as one continuous batch whose finished rows take
     the next queued prompt (:func:`.decode.decode_continuous`); default None = on for
