@@ -16,7 +16,8 @@ import torch
 
 from .cache import drop_rows, fork_cache, reserve, ring
 from .packing import attention_mask_4d, model_mask
-from .prefill import Prefix, forward, prefill
+from .capabilities import Capabilities
+from .prefill import Prefix, forward, positions, prefill
 from .sampling import _Sampler
 
 
@@ -163,7 +164,7 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
                          max_new_tokens: int, n_prompt: list[int], t0: float,
                          prefix: Prefix | None = None,
                          stats: DecodeStats | None = None,
-                         window: int | None = None) -> list[Generation]:
+                         caps: Capabilities | None = None) -> list[Generation]:
     """Decode ``n_seeds`` streams of each prefilled row with ONE cache row per prompt.
 
     Each step feeds the prompt's running streams' tokens as columns of its row; a 4D mask lets
@@ -174,9 +175,9 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
     over the same keys gives the same logits, which each stream then samples with its own
     generator; when they part, each later column sees the shared columns as its own past.
     Sequences are stream-major (``s * n + i`` = stream s of prompt i); a row with fewer
-    columns than the widest row that step pads with a masked column no one reads. ``window``:
-    the sliding layers' window where the engine masks it (:func:`.packing.model_mask`, from
-    each column's position id), None where the layers need no window mask."""
+    columns than the widest row that step pads with a masked column no one reads. ``caps``: the
+    call's capabilities; with ``window_mask`` the step masks give the sliding layers their
+    window by each column's position id (:func:`.packing.model_mask`)."""
     n, k = logits.shape[0], n_seeds
     out = _Outputs(lm, n * k, max_new_tokens, t0)
     dev = mask.device
@@ -249,10 +250,9 @@ def decode_stream_columns(lm, cache, mask, logits, sampler: _Sampler, *, n_seeds
         select = (fr.to(dev), fc.to(dev))
         pos = torch.tensor([[n_prompt[i] + step] * w for i in alive_items], dtype=torch.long)
         kpos = None
-        if window is not None:  # the prompt's columns count from its first real token
-            pb = base.cpu().long()
-            kpos = torch.cat([pb.cumsum(1) - 1 + offset, gpos, pos], dim=1)
-        attn = model_mask(lm, allowed, window=window, qpos=pos, kpos=kpos, device=dev)
+        if caps is not None and caps.window_mask:  # the prompt's columns count from its first token
+            kpos = torch.cat([positions(base.cpu(), c0, offset), gpos, pos], dim=1)
+        attn = model_mask(lm, allowed, caps=caps, qpos=pos, kpos=kpos, device=dev)
         cur = forward(lm, inp.to(dev), attn, pos.to(dev), cache,
                       prefix=prefix, select=select, ffn_selected_only=SKIP_UNREAD_FFN)
         gpos = torch.cat([gpos, pos], dim=1)

@@ -23,7 +23,6 @@ from .attention import GROUPED_NAMES, attn_implementation
 from .capabilities import Capabilities
 from .encoding import encode_prompt
 from .memory import MemoryBudget, ModelDims, budget_for, generation_footprint, plan_batches
-from .packing import sliding_window
 from .prefill import build_prefix, prefill
 from .sampling import NonFiniteLogits, Stream, _Sampler  # NonFiniteLogits: re-exported (cells)
 from .store import PrefillStore
@@ -109,7 +108,6 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
             # past a sliding window whose masks the engine builds, every call decodes as
             # columns (one stream too): only their step masks count the window in positions
             columns = caps.mask_4d and (caps.window_mask or (stream_columns and k > 1))
-            window = sliding_window(lm.model.config) if caps.window_mask else None
             stats = DecodeStats()
 
             def run(rows: list[int]) -> dict:
@@ -131,7 +129,7 @@ def generate_streams(lm, prompts: list[str], streams: list[Stream], *, max_new_t
                                                 _Sampler.for_streams(streams, row_prompts), n_seeds=k,
                                                 max_new_tokens=max_new_tokens,
                                                 n_prompt=[len(enc[i]) for i in rows], t0=t1,
-                                                prefix=prefix, stats=stats, window=window)
+                                                prefix=prefix, stats=stats, caps=caps)
                 elif k > 1:
                     # Repeated rows: each row holds its own copy of its prompt, so one decode of
                     # every stream would read ``k`` copies per step; streams of the same

@@ -216,20 +216,28 @@ def pack_items(prefix_len: int, ctx_ids: list[list[int]], cont_ids: list[list[li
     return Pack(inp, pos, allowed, keep, tt(g_col), tt(g_tgt), tt(g_cand), cand_index)
 
 
-def model_mask(lm, allowed: torch.Tensor, *, window: int | None = None,
-               qpos: torch.Tensor | None = None, kpos: torch.Tensor | None = None, device=None):
+def model_mask(lm, allowed: torch.Tensor, *, caps=None, qpos: torch.Tensor | None = None,
+               kpos: torch.Tensor | None = None, device=None):
     """The ``attention_mask`` argument for ``allowed`` [B, Q, K] on ``device``: one 4D mask
-    (:func:`attention_mask_4d`), or with ``window`` (a call whose sliding layers the engine
-    masks, :attr:`.capabilities.Capabilities.window_mask`) one per layer kind, the sliding
-    layers' keeping only keys fewer than ``window`` positions behind their query (``qpos``
-    [B, Q] and ``kpos`` [B, K]: position ids; transformers' sliding rule, counted in positions
-    where a model's own mask counts cache columns)."""
+    (:func:`attention_mask_4d`), or for a call whose sliding layers the engine masks
+    (``caps``: :class:`.capabilities.Capabilities` with ``window_mask``) one per layer kind,
+    the sliding layers' keeping only keys fewer than the window's length of positions behind
+    their query (``qpos`` [B, Q] and ``kpos`` [B, K]: position ids; transformers' sliding
+    rule, counted in positions where a model's own mask counts cache columns)."""
     full = attention_mask_4d(lm, allowed)
-    if window is None:
+    if caps is None or not caps.window_mask:
         return full.to(device) if device is not None else full
-    near = (qpos[:, :, None] - kpos[:, None, :]) < window
+    near = (qpos[:, :, None] - kpos[:, None, :]) < sliding_window(lm.model.config)
     masks = {"full_attention": full, "sliding_attention": attention_mask_4d(lm, allowed & near)}
     return {k: v.to(device) for k, v in masks.items()} if device is not None else masks
+
+
+def packed_key_positions(pos: torch.Tensor, prefix_cols: int) -> torch.Tensor:
+    """Position ids of a packed forward's keys ``[rows, prefix_cols + width]``: the prefix
+    columns in the batch cache (0, 1, ...) then the packed columns (``pos`` [rows, width])."""
+    if not prefix_cols:
+        return pos
+    return torch.cat([torch.arange(prefix_cols).expand(pos.shape[0], prefix_cols), pos], dim=1)
 
 
 def attention_mask_4d(lm, allowed: torch.Tensor) -> torch.Tensor:

@@ -211,7 +211,7 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities
     forward with logits only at each suffix's last token, and the resulting keys/values are
     then gathered into the usual left-padded per-sequence layout ``[prefix][pads][suffix]``
     for decoding. Same contract and results (up to float reassociation) as the padded path."""
-    from .packing import model_mask, pack_rows, sliding_window
+    from .packing import model_mask, pack_rows, packed_key_positions
 
     dev = lm.device
     p = len(prefix)
@@ -240,15 +240,13 @@ def prefill_packed(lm, prefix: Prefix, seqs: list[list[int]], caps: Capabilities
             where[i] = (r, off, n)
             off += n
     q = p - prefix.offset  # prefix columns inside the batch cache (0 when detached)
-    kpos = pos
     if q:
         allowed = torch.cat([real[:, :, None].expand(n_rows, width, q), new], dim=2)
         cache = fork_cache(prefix.cache, expand=n_rows)
-        kpos = torch.cat([torch.arange(q).expand(n_rows, q), pos], dim=1)
     else:
         allowed, cache = new, new_cache(lm, caps)
-    window = sliding_window(lm.model.config) if caps.window_mask else None
-    attn = model_mask(lm, allowed, window=window, qpos=pos, kpos=kpos, device=dev)
+    attn = model_mask(lm, allowed, caps=caps, qpos=pos, kpos=packed_key_positions(pos, q),
+                      device=dev)
     logits = forward(lm, inp.to(dev), attn, pos.to(dev), cache,
                      logits_to_keep=keep.to(dev), prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != len(seqs):

@@ -25,8 +25,8 @@ from .encoding import encode_continuation, encode_prompt, split_trailing_space
 from .cache import fork_cache, new_cache
 from .capabilities import Capabilities
 from .prefill import build_prefix, forward, positions, prefill
-from .packing import (model_mask, pack_items, packed_supported, sliding_window, tree_columns,
-                      tree_positions)
+from .packing import (model_mask, pack_items, packed_key_positions, packed_supported,
+                      tree_columns, tree_positions)
 
 
 @dataclass
@@ -129,10 +129,11 @@ def score_token_candidates(lm, ctx_ids: list[list[int]], cont_ids: list[list[lis
             # by position where the model allows (Capabilities.window_mask)
             caps = Capabilities.of(lm, max_pos, window_full=False)
             packed_ok = method != "fork" and (packed_supported(lm, max_pos) or caps.window_mask)
-            # the fork path pads after a shared prefix, which a window masked by the model
-            # itself (in cache columns) cannot take: past the window it shares none
-            prefix = build_prefix(lm, ctx_ids, caps, store=store,
-                                  enabled=prefix_cache and (packed_ok or not caps.window_mask))
+            if not packed_ok and caps.window_mask:
+                # the fork path's continuations take the model's own masks: it runs without
+                # window masks (past the window, then, with no shared prefix)
+                caps = Capabilities.of(lm, max_pos, window_full=False, window_masks=False)
+            prefix = build_prefix(lm, ctx_ids, caps, enabled=prefix_cache, store=store)
             if method == "packed" and not packed_ok:
                 raise ValueError("packed scoring is not supported for this model/length "
                                  "(attention implementation or sliding window); use method='fork'")
@@ -204,11 +205,8 @@ def _run_packed(lm, caps, prefix, ctx_ids, cont_ids, bar, rows: list[int]) -> di
     else:
         cache = fork_cache(prefix.cache, expand=n_rows) if len(prefix) else new_cache(lm, caps)
     keep = pack.keep.to(dev)
-    window, kpos = (sliding_window(lm.model.config), None) if caps.window_mask else (None, None)
-    if window is not None:  # the prefix's columns (never detached here) count from 0
-        p = len(prefix)
-        kpos = torch.cat([torch.arange(p).expand(n_rows, p), pack.position_ids], dim=1)
-    attn = model_mask(lm, allowed, window=window, qpos=pack.position_ids, kpos=kpos, device=dev)
+    kpos = packed_key_positions(pack.position_ids, allowed.shape[2] - pack.position_ids.shape[1])
+    attn = model_mask(lm, allowed, caps=caps, qpos=pack.position_ids, kpos=kpos, device=dev)
     logits = forward(lm, pack.input_ids.to(dev), attn,
                      pack.position_ids.to(dev), cache, logits_to_keep=keep, prefix=prefix)
     if logits.dim() != 2 or logits.shape[0] != int(pack.keep.sum()):
