@@ -53,7 +53,6 @@ class Trie:
         self.root: dict = {}
         self.nodes = 0
         self.logit_nodes: set[int] = set()
-        self._ids: dict[int, int] = {}
 
     def feed(self, tokens: list[int], logits_from: int) -> None:
         """Insert ``tokens``; the nodes at depth >= ``logits_from`` (1-based) have their logits
@@ -110,16 +109,18 @@ def best_rate(shapes: list[tuple[int, int]], dtype: str, reps: int) -> dict:
 
 
 def load_shards(results: Path, variant: str):
-    import pyarrow.parquet as pq
+    """``(metadata dict, columns)`` of every shard of ``variant``, read and checked as the
+    workflow reads them (:func:`safetyrepro.shards.read_shard`)."""
+    from safetyrepro.shards import read_shard
 
     for f in sorted((results / SHARD_ROOTS[variant]).glob("*/*/*/*.parquet")):
-        table = pq.read_table(f)
-        meta = json.loads(table.schema.metadata[b"safetyrepro"])
-        yield meta, table.to_pydict()
+        table, meta = read_shard(f)
+        yield meta.as_dict(), table.to_pydict()
 
 
-def count_work(cfg, results: Path, variant: str, tokenizers: dict) -> dict:
-    """Per model: tries over every sequence fed, checks and the shards' seconds."""
+def count_work(cfg, results: Path, variant: str, tokenizers: dict) -> tuple[dict, dict]:
+    """Per model: the counts (trie positions, checks, the shards' seconds) and what the shards
+    say it ran as (``{"path": model folder, "dtypes": compute dtypes}``)."""
     from safetyrepro.grid import config_of
     from safetyrepro.inference.encoding import encode_continuation, encode_prompt, split_trailing_space
     from safetyrepro.items.build import read_items
@@ -128,6 +129,7 @@ def count_work(cfg, results: Path, variant: str, tokenizers: dict) -> dict:
 
     tries: dict[str, Trie] = collections.defaultdict(Trie)
     out: dict[str, dict] = collections.defaultdict(lambda: collections.Counter())
+    ran: dict[str, dict] = {}
     items_cache: dict = {}
     for meta, rows in load_shards(results, variant):
         model = meta["model"]
@@ -137,7 +139,8 @@ def count_work(cfg, results: Path, variant: str, tokenizers: dict) -> dict:
         trie, o = tries[model], out[model]
         o["cells"] += 1
         o["cell_seconds"] += meta["wall_s"]
-        o["compute_dtype:" + meta["model_info"]["compute_dtype"]] += 1
+        r = ran.setdefault(model, {"path": meta["model_info"]["path"], "dtypes": set()})
+        r["dtypes"].add(meta["model_info"]["compute_dtype"])
         if meta["scoring"] == "freeform":
             for prompt, text, n_gen in zip(rows["prompt"], rows["raw_output"], rows["n_gen_tokens"]):
                 p = encode_prompt(tok, prompt)
@@ -165,7 +168,7 @@ def count_work(cfg, results: Path, variant: str, tokenizers: dict) -> dict:
     for model, trie in tries.items():
         out[model]["positions"] = trie.nodes
         out[model]["logit_positions"] = len(trie.logit_nodes)
-    return {m: dict(v) for m, v in out.items()}
+    return {m: dict(v) for m, v in out.items()}, ran
 
 
 def _tokenizer(path: str):
@@ -203,16 +206,12 @@ def main(argv=None) -> int:
     rates: dict = {}
     table = []
     for variant in SHARD_ROOTS:
-        work = count_work(cfg, args.results, variant, tokenizers)
+        work, ran = count_work(cfg, args.results, variant, tokenizers)
         for model, w in work.items():
-            dtypes = [k.split(":", 1)[1] for k in w if k.startswith("compute_dtype:")]
+            dtypes = sorted(ran[model]["dtypes"])
             if len(dtypes) != 1:
                 raise SystemExit(f"{model} ({variant}): shards computed in {dtypes}; expected one dtype")
-            meta_path = next((args.results / SHARD_ROOTS[variant] / model).glob("*/*/*.parquet"))
-            import pyarrow.parquet as pq
-
-            mdir = Path(json.loads(pq.read_schema(meta_path).metadata[b"safetyrepro"])["model_info"]["path"])
-            body, head = linear_shapes(mdir)
+            body, head = linear_shapes(Path(ran[model]["path"]))
             dtype = args.dtype or dtypes[0]
             key = (model, dtype)
             if key not in rates:
@@ -221,13 +220,13 @@ def main(argv=None) -> int:
             head_params = head[0] * head[1]
             flops = 2 * body_params * w["positions"] + 2 * head_params * w["logit_positions"]
             floor = flops / (rates[key]["gflops"] * 1e9)
-            w.update({"compute_dtype": dtypes[0], "rated_dtype": dtype, "body_params": body_params, "head_params": head_params,
+            w.update({"compute_dtype": dtypes[0], "rated_dtype": dtype, "body_params": body_params,
+                      "head_params": head_params,
                       "tflop": round(flops / 1e12, 3), "rate": rates[key], "floor_s": round(floor, 1),
                       "cell_seconds": round(w["cell_seconds"], 1),
                       # the run's seconds against a floor in another dtype compare nothing
                       "cell_seconds_over_floor": (round(w["cell_seconds"] / floor, 2)
                                                   if dtype == dtypes[0] else None)})
-            w = {k: v for k, v in w.items() if not k.startswith("compute_dtype:")}
             record["variants"].setdefault(variant, {})[model] = w
             table.append([variant, model, dtype, w["positions"], w["logit_positions"],
                           w["tflop"], rates[key]["gflops"], w["floor_s"], w["cell_seconds"],
