@@ -3,7 +3,9 @@
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.installed
-CORES    ?= 1
+# make run: every core of this machine; the model jobs claim them all (WHOLE_MACHINE in
+# workflow/rules/common.smk), so only single-core jobs (preparation, items, tables) pair up.
+CORES    ?= $(shell nproc 2>/dev/null || echo 1)
 CONFIG   ?= config/config.yaml
 # torch: CPU machines get the CPU build (on local disk here). Where nvidia-smi exists the venv
 # must hold a CUDA build: a missing torch, or a CPU-only build already in the venv (which would

@@ -99,6 +99,34 @@ def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_model_jobs_claim_every_core_of_a_local_run(tmp_path):
+    """With `--cores N` (make run passes every core) the jobs that run a model (cells, the
+    cross-package stage) claim all N, so no other job runs beside a model, while model
+    preparation, items and the tables stay single-core and may pair up; with --cores 1 every
+    job is single-core."""
+    import yaml
+
+    cfg = config_copy(ROOT / "config/config.yaml")
+    results = tmp_path / "results"
+    cfg["runtime"]["results_dir"] = str(results)
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    for cores in (3, 1):
+        r = _run(str(BIN / "snakemake"), "-n", "--cores", str(cores), "--resources", "gpu=1",
+                 "--directory", str(ROOT), "--configfile", str(path))
+        assert r.returncode == 0, r.stdout + r.stderr
+        threads: dict[str, set[str]] = {}
+        for rule, fields in _job_blocks(r.stdout + r.stderr):
+            threads.setdefault(rule, set()).add(fields.get("threads", "1"))
+        heavy = {"cell", "cross_package"}
+        assert heavy <= set(threads), sorted(threads)
+        assert {"prepare_model", "items", "aggregate", "figures"} <= set(threads), sorted(threads)
+        for rule, seen in threads.items():
+            assert seen == {str(cores) if rule in heavy else "1"}, (cores, rule, seen)
+
+
+@pytest.mark.slow
 def test_analysis_rules_declare_what_their_step_writes(tmp_path):
     """Each analysis job of a full dry run declares as outputs exactly the files of the step
     its shell command runs (`safetyrepro analyze <step>`), as safetyrepro.analysis.outputs

@@ -42,6 +42,7 @@ rule cell:
         CELL_GROUP
     conda:
         ENV
+    threads: WHOLE_MACHINE
     resources:
         gpu=1,
         mem_mb=lambda w: PLAN.runtime.cluster_resources(w.model)["mem_mb"],

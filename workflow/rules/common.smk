@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
 from safetyrepro.config import config_from_dict, load_config
@@ -59,6 +60,20 @@ def rel(path):
     return os.path.relpath(path) if inside else path
 
 
+# Jobs that compute with torch on every core (the cells' model workers, the cross-package
+# stage) claim all of --cores on a local run, so that with `--cores N` (make run: every core)
+# only single-core jobs (model preparation, items, the tables) run side by side and never
+# beside a model. On a cluster each job asks for its own CPUs (profiles/slurm), so 1 there.
+def _whole_machine():
+    if not workflow.local_exec:
+        return 1
+    try:
+        return int(workflow.cores)
+    except (WorkflowError, TypeError, ValueError):
+        return 1  # no --cores given
+
+
+WHOLE_MACHINE = _whole_machine()
 RESULTS = rel(PLAN.layout.results)
 CONFIG = rel(CONFIG_PATH)
 RULES = rel(RUN.rules.path)  # the envelope rules file the config names

@@ -19,6 +19,7 @@ rule cross_package:
         f"{RESULTS}/logs/cross_package.log",
     conda:
         ENV
+    threads: WHOLE_MACHINE
     params:
         code=PLAN.fingerprints.code_fingerprint("safetyrepro.crosspkg.stage"),
         config=CONFIG,
