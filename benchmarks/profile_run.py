@@ -3,7 +3,8 @@
 Reads what a run leaves behind — the Snakemake log, the model workers' event log and the cell
 logs — and prints: wall time, time per stage (rule), model loads and the load share, tokens
 processed per second by the cell jobs, the workers' peak memory, and Snakemake's scheduling
-overhead per job (wall time not spent inside any job, divided by the number of jobs).
+overhead per job (wall time during which no job ran, divided by the number of jobs; jobs side by
+side, as with ``--cores 2``, count once).
 
     .venv/bin/python benchmarks/profile_run.py --results results [--log .snakemake/log/<file>]
 
@@ -78,12 +79,32 @@ def parse_log(path: Path) -> dict:
         if m:
             ends[int(m.group(1))] = now
     per_rule = defaultdict(lambda: [0, 0.0])
+    spans: dict[str, list[float]] = {}
+    intervals = []
     for j, t0 in starts.items():
         if j in ends and t0 is not None:
             stage = rule_of[j]
             per_rule[stage][0] += 1
             per_rule[stage][1] += ends[j] - t0
-    return {"first": first, "last": last, "per_stage": dict(per_rule), "n_jobs": len(ends)}
+            lo, hi = spans.get(stage, (t0, ends[j]))
+            spans[stage] = [min(lo, t0), max(hi, ends[j])]
+            intervals.append((t0, ends[j]))
+    return {"first": first, "last": last, "per_stage": dict(per_rule), "n_jobs": len(ends),
+            "stage_span": {k: hi - lo for k, (lo, hi) in spans.items()}, "busy": busy_seconds(intervals)}
+
+
+def busy_seconds(intervals: list[tuple[float, float]]) -> float:
+    """Seconds during which at least one job ran (the union of the jobs' intervals): with
+    --cores > 1 single-core jobs run side by side, so their sum overstates the wall time."""
+    total, end = 0.0, None
+    for lo, hi in sorted(intervals):
+        if end is None or lo > end:
+            total += hi - lo
+            end = hi
+        elif hi > end:
+            total += hi - end
+            end = hi
+    return total
 
 
 def cell_stats(results: Path) -> dict:
@@ -148,10 +169,13 @@ def main(argv=None) -> int:
     wall = (parsed["last"] or 0) - (parsed["first"] or 0)
     workers = summarize_events(event_files(results), since=parsed["first"], wall_seconds=wall)
     cells = cell_stats(results)
-    in_jobs = sum(v[1] for v in parsed["per_stage"].values())
+    in_jobs = parsed["busy"]
     out = {
         "log": str(log), "wall_s": wall, "jobs": parsed["n_jobs"],
-        "per_stage": {k: {"jobs": v[0], "seconds": v[1]} for k, v in sorted(parsed["per_stage"].items())},
+        # seconds: the stage's jobs' durations summed; span_s: its first start to its last end
+        "per_stage": {k: {"jobs": v[0], "seconds": v[1], "span_s": parsed["stage_span"][k]}
+                      for k, v in sorted(parsed["per_stage"].items())},
+        "seconds_with_a_job_running": in_jobs,
         "model_loads": workers["loads"], "max_loads_per_worker": workers["max_loads_per_key"],
         "load_seconds": workers["load_seconds"], "load_share": workers["load_share"],
         "cell_call_seconds": workers["call_seconds"],
@@ -171,9 +195,9 @@ def main(argv=None) -> int:
         return 0
     print(f"log: {log}")
     print(f"wall time: {wall:.0f} s ({wall / 60:.1f} min), {out['jobs']} jobs")
-    print(f"{'stage':<22} {'jobs':>6} {'seconds':>9} {'share':>7}")
+    print(f"{'stage':<22} {'jobs':>6} {'seconds':>9} {'share':>7} {'span s':>8}")
     for k, v in out["per_stage"].items():
-        print(f"{k:<22} {v['jobs']:>6} {v['seconds']:>9.0f} {v['seconds'] / wall:>7.1%}")
+        print(f"{k:<22} {v['jobs']:>6} {v['seconds']:>9.0f} {v['seconds'] / wall:>7.1%} {v['span_s']:>8.0f}")
     print(f"model loads: {out['model_loads']} (max {out['max_loads_per_worker']} per worker), "
           f"{out['load_seconds']:.1f} s = {out['load_share']:.1%} of wall time")
     print(f"cell compute inside workers: {out['cell_call_seconds']:.0f} s; "

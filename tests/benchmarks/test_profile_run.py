@@ -40,3 +40,25 @@ def test_newest_log_that_ran_jobs_is_picked(tmp_path):
     assert parsed["per_stage"]["all"][0] == 1 and parsed["n_jobs"] == 3
     with pytest.raises(SystemExit, match=f"none of the {len(others)} Snakemake log.*pass the log"):
         pr.pick_log(sorted(others))
+
+
+def test_jobs_side_by_side_count_once_in_the_busy_time(tmp_path):
+    """With --cores 2 two 2-second jobs run side by side: their durations sum to about 4 s,
+    but a job was running for only about 2 s (Snakemake's log has one-second stamps)."""
+    pr = benchmark_script("profile_run")
+    (tmp_path / "Snakefile").write_text(
+        'rule all:\n'
+        '    input: "o/a", "o/b"\n'
+        'rule slow:\n'
+        '    output: "o/{x}"\n'
+        '    shell: "sleep 2; touch {output}"\n')
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--directory", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (log,) = (tmp_path / ".snakemake" / "log").glob("*.snakemake.log")
+    parsed = pr.parse_log(log)
+    assert parsed["per_stage"]["slow"][0] == 2
+    assert parsed["per_stage"]["slow"][1] >= 3.5
+    assert 1.5 <= parsed["busy"] <= 3.5, parsed
+    assert 1.5 <= parsed["stage_span"]["slow"] <= 3.5, parsed
+    assert pr.busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
