@@ -18,6 +18,20 @@ def _run(*cmd):
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+def _fresh_run_config(tmp_path, **dump) -> tuple[Path, Path, dict]:
+    """The default config with an empty results folder under ``tmp_path`` (so a dry run plans
+    everything) and the repository's rules file: (config path, results folder, config)."""
+    import yaml
+
+    cfg = config_copy(ROOT / "config/config.yaml")
+    results = tmp_path / "results"
+    cfg["runtime"]["results_dir"] = str(results)
+    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg, **dump))
+    return path, results, cfg
+
+
 def test_snakemake_lint_clean():
     r = _run(str(BIN / "snakemake"), "--lint", "--configfile", "config/config.yaml")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -31,13 +45,7 @@ def test_snakefmt_clean():
 
 @pytest.mark.slow
 def test_default_dry_run_plans_every_cell(tmp_path):
-    import yaml
-
-    cfg = config_copy(ROOT / "config/config.yaml")
-    cfg["runtime"]["results_dir"] = str(tmp_path / "results")  # empty: everything is planned
-    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path, _, _ = _fresh_run_config(tmp_path)
     r = _run(str(BIN / "snakemake"), "-n", "--cores", "1", "--resources", "gpu=1", "--quiet", "rules",
              "--directory", str(ROOT), "--configfile", str(path))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -72,13 +80,7 @@ def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
     """docs/SLURM.md and profiles/slurm tell users to `--set-resources cell:...`: the key
     reaches main and bf16 cells of every model, and priorities keep each model's cells
     together (models in config order, a model's main cells just above its bf16 cells)."""
-    import yaml
-
-    cfg = config_copy(ROOT / "config/config.yaml")
-    cfg["runtime"]["results_dir"] = str(tmp_path / "results")
-    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # models in config order
+    path, _, cfg = _fresh_run_config(tmp_path, sort_keys=False)  # models in config order
     models = list(cfg["models"])
     targets = [str(tmp_path / "results" / root / m / "bbq" / "T1-greedy-k0-freeform" / "s0.parquet")
                for m in models for root in ("shards", "shards_bf16")]
@@ -104,14 +106,7 @@ def test_model_jobs_claim_every_core_of_a_local_run(tmp_path):
     cross-package stage) claim all N, so no other job runs beside a model, while model
     preparation, items and the tables stay single-core and may pair up; with --cores 1 every
     job is single-core."""
-    import yaml
-
-    cfg = config_copy(ROOT / "config/config.yaml")
-    results = tmp_path / "results"
-    cfg["runtime"]["results_dir"] = str(results)
-    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path, _, _ = _fresh_run_config(tmp_path)
     for cores in (3, 1):
         r = _run(str(BIN / "snakemake"), "-n", "--cores", str(cores), "--resources", "gpu=1",
                  "--directory", str(ROOT), "--configfile", str(path))
@@ -134,18 +129,11 @@ def test_analysis_rules_declare_what_their_step_writes(tmp_path):
     run appears once, and the figures job reads the tables the figures are drawn from."""
     import re
 
-    import yaml
-
     from safetyrepro.analysis import outputs
     from safetyrepro.config import load_config
     from safetyrepro.plan import Plan
 
-    cfg = config_copy(ROOT / "config/config.yaml")
-    results = tmp_path / "results"
-    cfg["runtime"]["results_dir"] = str(results)
-    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path, results, _ = _fresh_run_config(tmp_path)
     plan = Plan(load_config(path))
     assert "bbq-bias" in plan.analysis_steps and "precision" in plan.analysis_steps
     r = _run(str(BIN / "snakemake"), "-n", "-p", "--cores", "1", "--resources", "gpu=1",
@@ -206,14 +194,7 @@ def test_cell_and_aggregation_commands_pass_only_their_declared_files(tmp_path):
     job's declared inputs or outputs, and the cell command passes every declared input."""
     import shlex
 
-    import yaml
-
-    cfg = config_copy(ROOT / "config/config.yaml")
-    results = tmp_path / "results"
-    cfg["runtime"]["results_dir"] = str(results)
-    cfg["envelope"]["rules"] = str(ROOT / "config/envelope.yaml")
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    path, results, cfg = _fresh_run_config(tmp_path, sort_keys=False)
     shard = str(results / "shards" / "smollm2-135m" / "bbq" / "T1-t0.3-k0-freeform" / "s2.parquet")
     r = _run(str(BIN / "snakemake"), shard, str(results / "tables" / "cell_scores.parquet"), "-n", "-p",
              "--cores", "1", "--resources", "gpu=1", "--directory", str(ROOT), "--configfile", str(path))
