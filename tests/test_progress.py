@@ -65,12 +65,12 @@ def test_line_counts_only_this_runs_cells_and_estimates_the_rest(tmp_path):
     line = prog.line(now=t + 156.0)
     assert "cells 2 of 3 (67%)" in line
     # left: the T4 group (no T4 seen: the model's rate, 60 s) + 18 s hand-off = 78 s
-    assert "about 1.3 min left" in line, line
+    assert "about 1.3 min of cells left" in line, line
     # 30 s later those 30 s were spent on it
-    assert "about 0.8 min left" in prog.line(now=t + 186.0)
+    assert "about 0.8 min of cells left" in prog.line(now=t + 186.0)
     # an event from before the run started is not this run's
     _event(events, "m/truthfulqa/T4-greedy-k0-freeform/s0 (main, nf4)", prog.t0 - 100, 1000.0)
-    assert "about 1.3 min left" in prog.line(now=t + 156.0)
+    assert "about 1.3 min of cells left" in prog.line(now=t + 156.0)
 
 
 def test_a_stale_shard_counts_as_a_cell_to_compute(tmp_path):

@@ -1,6 +1,7 @@
-"""The run's progress line: cells done of those left at start, and the time left estimated from
-the cells done so far (the model workers' ``call`` events), printed every minute by the
-workflow's Snakemake process.
+"""The run's progress line: cells done of those left at start, and the time the cells still
+need, estimated from the cells done so far (the model workers' ``call`` events), printed every
+minute by the workflow's Snakemake process. The jobs after the cells (cross-package stage,
+tables) are not in it, and the line says so ("of cells left").
 
 Cells differ a lot in cost: a decode group's first cell decodes the whole group (up to 11
 cells) and the others only collect their rows, a 0.5B model is several times slower than a 135M
@@ -160,7 +161,7 @@ class RunProgress:
         left_s = seconds_left(done, left, self.sizes, first, last, now)
         if left_s is None:
             return head + "; time left: estimated once cells are done"
-        return head + f"; about {format_minutes(left_s)} left (from the {len(done)} cells done so far)"
+        return head + f"; about {format_minutes(left_s)} of cells left (from the {len(done)} done so far)"
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):

@@ -73,7 +73,7 @@ def test_full_run_outputs(tiny):
     assert {i["compute_dtype"] for i in infos} <= {"float32", "bfloat16"}
     # the run printed its progress with a time-left estimate from the cells done so far
     lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.startswith("[progress] cells ")]
-    assert lines and any("left (from the" in ln for ln in lines), lines
+    assert lines and any("of cells left (from the" in ln for ln in lines), lines
 
 
 def test_html_report(tiny):
