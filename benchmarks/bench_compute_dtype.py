@@ -60,8 +60,6 @@ def child(args) -> dict:
     import pyarrow.parquet as pq
     import torch
 
-    import dataclasses
-
     from safetyrepro.cells import ModelCellRunner, run_cell
     from safetyrepro.config import load_config
     from safetyrepro.models import load_model
@@ -84,7 +82,7 @@ def child(args) -> dict:
             for s in range(1 if "greedy" in cell else cfg.n_seeds(cell.split("-")[1])):
                 path = f"{out_dir}/{model}-{cell}-{name}-s{s}.parquet"
                 # no planned fingerprint: the plan names one compute dtype, the runs use both
-                req = dataclasses.replace(plan.cell_request(model, args.benchmark, cell, s, path), fingerprint=None)
+                req = plan.cell_request(model, args.benchmark, cell, s, path).replace(fingerprint=None)
                 run_cell(req, worker, progress=False)
                 outs.extend(pq.read_table(path, columns=[column]).column(0).to_pylist())
             return outs

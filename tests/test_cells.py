@@ -47,8 +47,6 @@ def setup(tmp_path_factory):
 def _request(path, model, benchmark, cell, seed, out, variant="main"):
     """The plan's resolved request of a cell; for a cell the plan cannot resolve (an invalid
     id, a seed out of range) a valid request with that id and seed put in, as a client may."""
-    import dataclasses
-
     from safetyrepro.plan import Plan
 
     plan = Plan(load_config(path))
@@ -56,7 +54,7 @@ def _request(path, model, benchmark, cell, seed, out, variant="main"):
         return plan.cell_request(model, benchmark, cell, seed, out, variant)
     except ValueError:
         base = plan.cell_request(model, benchmark, "T1-greedy-k0-logprob", 0, out, variant)
-        return dataclasses.replace(base, config_id=cell, seed=seed, fingerprint=None)
+        return base.replace(config_id=cell, seed=seed, fingerprint=None)
 
 
 def _run(setup, benchmark, cell, seed=0, name=None):
@@ -225,14 +223,12 @@ def test_invalid_cells_are_refused_naming_the_cell(setup, benchmark, cell, seed,
 
 def test_a_request_naming_another_rules_file_is_refused(setup, tmp_path):
     """The rules file a job declares is the one its run config reads, else the cell is refused."""
-    import dataclasses
-
     d, path, worker = setup
     request = _request(path, "smol", "bbq", "T1-greedy-k0-logprob", 0, tmp_path / "x.parquet")
     other = tmp_path / "envelope.yaml"
     other.write_text(open(request.rules).read())
     with pytest.raises(CellError, match="declares the rules file"):
-        run_cell(dataclasses.replace(request, rules=str(other)), worker, progress=False)
+        run_cell(request.replace(rules=str(other)), worker, progress=False)
     assert not (tmp_path / "x.parquet").exists()
 
 
@@ -298,10 +294,7 @@ def test_a_bf16_model_runs_its_precision_check_cells_as_the_bf16_variant(setup, 
         assert meta["decode_group"] == [list(g) for g in plan.decode_group("bbq", cell, variant)]
         assert meta["fingerprint"] == plan.cell_fingerprint("smol16", "bbq", cell, 0, variant)
     assert metas["bf16"]["fingerprint"] != metas["main"]["fingerprint"]
-    import dataclasses
-
-    nf4 = dataclasses.replace(_request(p16, "smol16", "bbq", cell, 0, tmp_path / "x.parquet", "bf16"),
-                              quantization="nf4")
+    nf4 = _request(p16, "smol16", "bbq", cell, 0, tmp_path / "x.parquet", "bf16").replace(quantization="nf4")
     with pytest.raises(CellError, match="quantization 'nf4' given"):
         run_cell(nf4, worker16, progress=False)
 

@@ -13,7 +13,8 @@ import pytest
 
 from safetyrepro.errors import WriteError
 from safetyrepro.sysutil import (ABSENT, STALE_TMP_S, atomic_write, atomic_write_bytes, atomic_write_json,
-                                 atomic_write_text, hostname, package_version, sweep_stale_tmp)
+                                 atomic_write_text, compile_bytecode, hostname, package_version,
+                                 sweep_stale_tmp)
 
 
 def test_hostname_is_the_short_name_and_a_safe_path_component(monkeypatch):
@@ -99,3 +100,28 @@ def test_sweep_removes_dead_writers_temps_only(tmp_path):
     assert mine.exists() and other_new.exists()
     atomic_write_text(target, "x")   # a write sweeps too, and keeps this process's own temp
     assert sorted(os.listdir(tmp_path)) == sorted(["out.json", mine.name, other_new.name])
+
+
+def test_compile_bytecode_writes_what_python_then_loads_even_where_it_writes_none(tmp_path):
+    """The workflow's start compiles the package, so its ~1,800 job processes import bytecode
+    even under PYTHONDONTWRITEBYTECODE (where Python never writes it); a changed module is
+    compiled again, and a broken one is reported, not raised."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "mod.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path)}
+    run = [sys.executable, "-c", "import pkg.mod, sys; print(pkg.mod.VALUE, pkg.mod.__cached__)"]
+    subprocess.run(run, env=env, check=True, capture_output=True)
+    assert not (pkg / "__pycache__").exists()      # Python itself wrote none
+    assert compile_bytecode(pkg)
+    cached = subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.split()
+    assert cached[0] == "1" and os.path.exists(cached[1])
+    before = os.stat(cached[1]).st_mtime_ns
+    (pkg / "mod.py").write_text("VALUE = 22\n")
+    later = os.stat(pkg / "mod.py").st_mtime + 2     # bytecode records its source's mtime in s
+    os.utime(pkg / "mod.py", (later, later))
+    assert compile_bytecode(pkg) and os.stat(cached[1]).st_mtime_ns != before
+    assert subprocess.run(run, env=env, check=True, capture_output=True, text=True).stdout.split()[0] == "22"
+    (pkg / "broken.py").write_text("def (:\n")
+    assert compile_bytecode(pkg) is False

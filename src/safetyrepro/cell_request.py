@@ -8,34 +8,30 @@ module imports only the standard library: the client starts once per cell job.""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from collections import namedtuple
+
+# The request's fields in order; only ``fingerprint`` has a default (None). A named tuple, not
+# a dataclass: ``dataclasses`` (with ``inspect``) was the largest import of a cell job's client,
+# about 10 of its 45 ms (benchmarks/RESULTS.md section 22).
+FIELDS = ("model", "variant", "quantization", "benchmark", "config_id", "seed", "decode_group",
+          "config_path", "rules", "items", "fewshot", "model_marker", "out", "fingerprint")
 
 
-@dataclass(frozen=True)
-class CellRequest:
-    """One (model, benchmark, config, seed) cell of a variant, resolved.
+class CellRequest(namedtuple("CellRequest", FIELDS, defaults=(None,))):
+    """One (model, benchmark, config, seed) cell of a variant, resolved (immutable).
 
     ``config_id``: the envelope point (template-decoding-shots-scoring), looked up in the rules
-    file ``rules``; ``decode_group``: the (decoding, seeds) it is decoded with
-    (:meth:`.plan.Plan.decode_group`); ``config_path``: the run config YAML (model source,
-    generation and runtime settings); ``items`` / ``fewshot`` / ``model_marker``: the item
-    subset, the few-shot pool and the prepared-model marker; ``out``: the shard it writes;
+    file ``rules``; ``seed``: an int; ``decode_group``: the ``((decoding, seeds), ...)`` it is
+    decoded with (:meth:`.plan.Plan.decode_group`); ``config_path``: the run config YAML (model
+    source, generation and runtime settings); ``items`` / ``fewshot`` / ``model_marker``: the
+    item subset, the few-shot pool and the prepared-model marker; ``out``: the shard it writes;
     ``fingerprint``: the cell fingerprint the workflow planned without the chat-template hash
-    (None: not checked)."""
-    model: str
-    variant: str
-    quantization: str
-    benchmark: str
-    config_id: str
-    seed: int
-    decode_group: tuple[tuple[str, int], ...]
-    config_path: str
-    rules: str
-    items: str
-    fewshot: str
-    model_marker: str
-    out: str
-    fingerprint: str | None = None
+    (None: not checked). Every other field is a string."""
+    __slots__ = ()
+
+    def replace(self, **changes) -> "CellRequest":
+        """A copy with ``changes`` (field name -> value)."""
+        return self._replace(**changes)
 
     @property
     def id(self) -> str:
@@ -44,7 +40,7 @@ class CellRequest:
 
     def as_message(self) -> dict:
         """The request as a JSON object (what the client sends)."""
-        d = asdict(self)
+        d = dict(zip(FIELDS, self))
         d["decode_group"] = [list(g) for g in self.decode_group]
         return d
 
@@ -53,7 +49,7 @@ class CellRequest:
         """The request a client sent (:meth:`as_message`); ValueError for a malformed one."""
         if not isinstance(message, dict):
             raise ValueError(f"a cell request is a JSON object, got {type(message).__name__}")
-        names = {f.name for f in fields(cls)}
+        names = set(FIELDS)
         unknown, missing = set(message) - names, {n for n in names if n != "fingerprint"} - set(message)
         if unknown or missing:
             raise ValueError(f"cell request: unknown fields {sorted(unknown)}, missing {sorted(missing)}")

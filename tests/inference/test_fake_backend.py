@@ -73,14 +73,12 @@ def test_run_cell_on_the_fake_backend_writes_a_real_shard(plan, tmp_path, benchm
 
 
 def test_a_stale_fingerprint_is_refused_on_the_fake_backend(plan, tmp_path):
-    import dataclasses
-
     from safetyrepro.cells import StaleWorkerError
 
     out = tmp_path / "x.parquet"
     request = plan.cell_request(MODEL, "bbq", "T1-greedy-k0-logprob", 0, out)
     with pytest.raises(StaleWorkerError, match="job's fingerprint 000000000000 differs"):
-        run_cell(dataclasses.replace(request, fingerprint="0" * 64), _runner(plan), progress=False)
+        run_cell(request.replace(fingerprint="0" * 64), _runner(plan), progress=False)
     with pytest.raises(CellError, match="this worker holds other"):
         run_cell(request, ModelCellRunner(backend=FakeBackend("other", request.quantization)), progress=False)
     assert not out.exists()

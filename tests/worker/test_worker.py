@@ -529,10 +529,12 @@ def test_stop_kills_a_stuck_worker_and_ignores_foreign_pids(sd):
 
 def test_cell_client_imports_only_what_a_running_worker_needs():
     """Every cell job starts this process; modules it does not need cost start-up time ~1,800
-    times per run (argparse, subprocess, typing, tempfile: ~30 ms together here)."""
+    times per run (argparse, subprocess, typing, tempfile: ~30 ms together here; dataclasses
+    with inspect another ~10 ms)."""
     code = ("import sys, safetyrepro.cell_client, safetyrepro.worker.client; "
             "print(sorted(m for m in ('argparse', 'subprocess', 'typing', 'tempfile', 'signal', "
-            "'torch', 'numpy', 'safetyrepro.worker.events') if m in sys.modules))")
+            "'dataclasses', 'inspect', 'torch', 'numpy', 'safetyrepro.worker.events') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     # the package's lazy exports still resolve
