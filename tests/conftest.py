@@ -139,6 +139,15 @@ def _prepare_ahead(keys: list[str]) -> None:
                       f"{r.stderr[-1500:]}", file=sys.stderr)
 
 
+def pytest_sessionstart(session):
+    """The package's bytecode, written once: the tests start hundreds of Python processes that
+    import it (workers, cell clients, the CLI), and where Python writes none itself
+    (PYTHONDONTWRITEBYTECODE) each compiled it again (safetyrepro.sysutil.compile_bytecode)."""
+    from safetyrepro.sysutil import compile_bytecode
+
+    compile_bytecode()
+
+
 def pytest_collection_finish(session):
     """Before a run that selected slow tests (they load the real models), prepare the models
     that a fresh clone lacks, two at a time (see PREPARE_AHEAD)."""
