@@ -23,7 +23,6 @@ the baseline from source (what a fresh-clone run of each revision pays per job).
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -35,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from safetyrepro.perf.args import revisions_parser  # noqa: E402
 
 STATES = ("source", "bytecode")
 COMMAND = ["-m", "safetyrepro.cell_client", "--help"]
@@ -66,12 +67,8 @@ def start_ms(python: str, tree: Path, runs: int) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, help="revision to compare against")
-    ap.add_argument("--candidate", default="HEAD", help="revision (default HEAD)")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = revisions_parser(__doc__, rounds=5)
     ap.add_argument("--runs", type=int, default=30, help="processes per side and round")
-    ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--out", default=None, help="folder of the JSON record (default benchmarks/results)")
     a = ap.parse_args(argv)
     if a.rounds < 1 or a.runs < 1:

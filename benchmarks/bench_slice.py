@@ -31,7 +31,6 @@ AVX512-BF16). ``machine`` in the record names the CPU and its bf16 support.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -143,12 +142,10 @@ def run_slice(python: str, tree: Path, cores: int, extra_env: dict[str, str], ti
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, help="revision (or work-tree folder) to compare against")
-    ap.add_argument("--candidate", default="HEAD", help="revision or work-tree folder (default HEAD)")
-    ap.add_argument("--rounds", type=int, default=3)
+    from safetyrepro.perf.args import revisions_parser
+
+    ap = revisions_parser(__doc__, rounds=3, folders=True)
     ap.add_argument("--cores", type=int, default=1, help="snakemake --cores (the README's run uses 1)")
-    ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="environment for the candidate's runs only")
     ap.add_argument("--env-both", action="append", default=[], metavar="K=V",

@@ -18,7 +18,6 @@ each side has alone; the machine and its load. A failing file is reported, never
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -74,10 +73,9 @@ def run_file(python: str, tree: Path, path: str, timeout: float) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, help="git revision to compare against")
-    ap.add_argument("--candidate", default="HEAD")
-    ap.add_argument("--python", default=str(ROOT / ".venv" / "bin" / "python"))
+    from safetyrepro.perf.args import revisions_parser
+
+    ap = revisions_parser(__doc__)
     ap.add_argument("--files", nargs="*", help="only these test files (file names, in any folder of tests/)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per test file")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "test_suite.json"))

@@ -21,6 +21,24 @@ SLICE_DECODE_GROUPS = [f"{m}:{case}" for m in ("smollm2-135m", "qwen2.5-0.5b", "
                        for case in ("truthfulqa:T1:k0", "bbq:T4:k0", "xstest:T2:k5")]
 
 
+def revisions_parser(doc: str, *, rounds: int | None = None, folders: bool = False) -> argparse.ArgumentParser:
+    """The parser of a benchmark that runs two revisions of this project side by side:
+    ``--baseline`` (required), ``--candidate`` (default HEAD), ``--python`` (default this
+    project's ``.venv``) and, where ``rounds`` is given, ``--rounds``. ``folders``: either side
+    may also be a work-tree folder, used as it is."""
+    from ..paths import PROJECT_ROOT  # deferred: a script's --help needs only argparse
+
+    either = " (or work-tree folder)" if folders else ""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--baseline", required=True, help=f"git revision{either} to compare against")
+    ap.add_argument("--candidate", default="HEAD", help=f"git revision{either} (default HEAD)")
+    ap.add_argument("--python", default=str(PROJECT_ROOT / ".venv" / "bin" / "python"),
+                    help="the interpreter both sides run in (default: this project's .venv)")
+    if rounds is not None:
+        ap.add_argument("--rounds", type=int, default=rounds)
+    return ap
+
+
 def decode_group_parser(doc: str, cases: list[str], rounds: int = 2) -> argparse.ArgumentParser:
     """:func:`bench_parser` with the decode-group benchmarks' ``--cases`` (what
     :func:`safetyrepro.perf.workload.group_cases` reads), ``--rounds`` and ``--out``."""
