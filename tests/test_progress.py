@@ -65,7 +65,7 @@ def test_line_counts_only_this_runs_cells_and_estimates_the_rest(tmp_path):
     line = prog.line(now=t + 156.0)
     assert "cells 2 of 3 (67%)" in line
     # left: the T4 group (no T4 seen: the model's rate, 60 s) + 18 s hand-off = 78 s
-    assert "about 1.3 min of cells left" in line, line
+    assert "about 1.3 min of cells left" in line and "not started" not in line, line
     # 30 s later those 30 s were spent on it
     assert "about 0.8 min of cells left" in prog.line(now=t + 186.0)
     # an event from before the run started is not this run's
@@ -119,3 +119,23 @@ def test_planned_shards_cover_every_cell_of_the_run(default_cfg):
     size = sum(n for _, n in plan.decode_group(c.benchmark, c.config_id, c.variant))
     assert sum(group_of(*x[5:6], *x[1:5]) == group_of(c.variant, c.model, c.benchmark, c.config_id, c.seed)
                for x in shards) == size
+
+
+def test_line_names_the_models_not_started_yet(tmp_path):
+    """A model with no cell done is costed at the other models' rates: the line says which."""
+    results = tmp_path / "results"
+    events = results / ".workers" / "node" / "events.jsonl"
+    events.parent.mkdir(parents=True)
+    shards = [PlannedCell(results / f"{m}{i}.parquet", m, "bbq", cfg, 0)
+              for m in ("small", "big", "mid") for i, cfg in
+              enumerate(["T1-greedy-k0-logprob", "T2-greedy-k0-logprob"])]
+    prog = RunProgress(results, shards, stream=io.StringIO())
+    t = prog.t0 + 1
+    shards[0][0].write_bytes(b"x")
+    _event(events, "small/bbq/T1-greedy-k0-logprob/s0 (main, nf4)", t, 10.0)
+    line = prog.line(now=t + 10.0)
+    assert "cells 1 of 6" in line and line.endswith("not started yet: big, mid (costed at the rates "
+                                                   "of the models done so far)"), line
+    for i, (m, cfg) in enumerate([("big", "T1"), ("mid", "T1")]):
+        _event(events, f"{m}/bbq/{cfg}-greedy-k0-logprob/s0 (main, nf4)", t + 20 * (i + 1), 10.0)
+    assert "not started" not in prog.line(now=t + 60.0)

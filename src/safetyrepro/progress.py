@@ -9,7 +9,9 @@ one, chain-of-thought decodes 5x longer. So the compute left is costed per decod
 not started yet costs its cells times the per-cell rate (call seconds of a started group /
 its cells) of its (model, template, scoring); failing that, its model's rate scaled by how that
 kind compares over all models; then the kind's rate; then the overall rate. Each job left adds
-the hand-off seen so far (wall time not inside a call, per call done).
+the hand-off seen so far (wall time not inside a call, per call done). A model with no cell
+done yet is costed at the other models' rates, which can be far off (Qwen2.5-0.5B's cells take
+about 1.8x SmolLM2's on a CPU), so the line names the models not started yet.
 """
 
 from __future__ import annotations
@@ -161,7 +163,11 @@ class RunProgress:
         left_s = seconds_left(done, left, self.sizes, first, last, now)
         if left_s is None:
             return head + "; time left: estimated once cells are done"
-        return head + f"; about {format_minutes(left_s)} of cells left (from the {len(done)} done so far)"
+        line = head + f"; about {format_minutes(left_s)} of cells left (from the {len(done)} done so far)"
+        unseen = sorted({kind[0] for kind, _ in left} - {kind[0] for kind, *_ in done})
+        if unseen:  # their cells are costed at the other models' rates: say so
+            line += f"; not started yet: {', '.join(unseen)} (costed at the rates of the models done so far)"
+        return line
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
