@@ -31,20 +31,26 @@ from safetyrepro.worker.events import event_files, read_events  # noqa: E402
 
 
 def baseline_module(rev: str):
-    """``safetyrepro.progress`` as of ``rev`` (git show), imported from a temporary file."""
+    """``safetyrepro.progress`` as of ``rev`` (git show), imported from a temporary file as a
+    module of this checkout's package (its relative imports, e.g. the event reader, resolve
+    to this checkout's modules)."""
     text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:src/safetyrepro/progress.py"],
                           check=True, capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "progress_baseline.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("progress_baseline", path)
+    spec = importlib.util.spec_from_file_location("safetyrepro._progress_baseline", path)
     mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "safetyrepro"
     spec.loader.exec_module(mod)
     return mod
 
 
-def baseline_seconds_left(mod, done, left, now, first):
-    """The estimate the baseline's progress line printed (per-cell kind means times the ratio of
-    wall time to call time), from the same done calls and cells left."""
+def baseline_seconds_left(mod, done, left, now, first, sizes, last):
+    """The estimate the baseline's progress line printed, from the same done calls and cells
+    left: its ``seconds_left`` where it has one (since decode groups were costed per group),
+    else the first estimator's per-cell kind means times the ratio of wall time to call time."""
+    if hasattr(mod, "seconds_left"):
+        return mod.seconds_left(done, left, sizes, first, last, now)
     est = mod.estimate_seconds([(k, s) for k, _, s in done], [k for k, _ in left])
     calls = sum(s for *_, s in done)
     if est is None or calls <= 0:
@@ -103,7 +109,7 @@ def main(argv=None) -> int:
                 for c in cells if written[c] > t]
         last = max((te for te, *_ in calls if te <= t), default=t)
         new = progress.seconds_left(done, left, sizes, first, last, t)
-        old = baseline_seconds_left(base, done, left, t, first)
+        old = baseline_seconds_left(base, done, left, t, first, sizes, last)
         rows.append({"minute": round((t - first) / 60, 1), "cells_done": len(cells) - len(left),
                      "actual_min": round((end - t) / 60, 2),
                      "estimate_min": None if new is None else round(new / 60, 2),

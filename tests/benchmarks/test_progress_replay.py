@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import yaml
 
-from workflow_support import DATA, TINY, benchmark_script
+from workflow_support import DATA, ROOT, TINY, benchmark_script
 
 
 def test_replay_compares_both_estimates_with_the_time_left(tmp_path):
@@ -52,3 +53,14 @@ def test_replay_compares_both_estimates_with_the_time_left(tmp_path):
     assert all(abs(r["estimate_min"] - r["actual_min"]) <= 0.15 * r["actual_min"] + 0.1 for r in late), late
     # the baseline's per-cell means overshoot right after a group's first cell
     assert rec["baseline_estimate"]["max_rel_error"] > rec["estimate"]["max_rel_error"]
+    # a baseline with relative imports and the current API (this checkout's own revision)
+    # replays exactly what the current estimator says
+    same = tmp_path / "same.json"
+    assert benchmark_script("progress_replay").main(["--results", str(tmp_path / "results"), "--config", str(path),
+                           "--baseline", "HEAD", "--every", "60", "--out", str(same)]) == 0
+    rows = json.loads(same.read_text())["rows"]
+    assert rows and all(r["baseline_estimate_min"] is not None for r in rows[1:])
+    edited = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--",
+                             "src/safetyrepro/progress.py"]).returncode
+    if not edited:   # (an uncommitted edit of the estimator would differ from HEAD's, rightly)
+        assert all(r["baseline_estimate_min"] == r["estimate_min"] for r in rows)
