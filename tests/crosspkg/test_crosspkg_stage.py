@@ -244,6 +244,8 @@ def test_run_stage_writes_table_items_and_figure(default_cfg, tmp_path, compute)
     (log,) = [read_eval_log(x) for x in list_eval_logs(str(tmp_path / "work" / "smollm2-135m" / "inspect_logs"))]
     assert log.eval.model_args["dtype"] == {"bf16": "bfloat16", "float32": "float32"}[compute]
     assert log.eval.model_args["model_path"].endswith("bf16_weights") == (compute == "float32")
+    # its batches hold exactly a task's items, so the provider never waits 2 s for more
+    assert log.plan.config.max_connections == len(log.samples) == 2
     assert not (tmp_path / "work" / "smollm2-135m" / "bf16_weights").exists()
     assert "item_results_bf16" in t.loc["safetyrepro-freeform", "numerics"]
     assert t.loc["safetyrepro-freeform", "score"] == 1.0 and t.loc["safetyrepro-logprob", "score"] == 0.0

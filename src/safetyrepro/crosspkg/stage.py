@@ -282,9 +282,12 @@ def inspect_rows(folder: str, model: str, items: dict, work: Path, max_tokens: i
         return []
     tasks = [_task(str(write_inspect_data(items[b], work / "inspect_data" / f"{b}.jsonl")), max_tokens=max_tokens,
                    name=f"safetyrepro_{b}") for b in benches]
+    # Inspect's HF provider batches queued requests, up to max_connections of them, and waits
+    # 2 s for more before generating a batch that is not full: one task's items fill it exactly
     logs = inspect_eval(tasks, model=f"hf/{model}", display="none", log_dir=str(work / "inspect_logs"),
                         model_args={"model_path": str(folder), "device": device, "do_sample": False,
-                                    "dtype": dtype})
+                                    "dtype": dtype},
+                        max_connections=max(len(items[b]) for b in benches))
     compute = _short_dtype(dtype)
     by_task = {log.eval.task: log for log in logs}
     rows = []
