@@ -40,7 +40,7 @@ class CellRequest(namedtuple("CellRequest", FIELDS, defaults=(None,))):
 
     def as_message(self) -> dict:
         """The request as a JSON object (what the client sends)."""
-        d = dict(zip(FIELDS, self))
+        d = self._asdict()
         d["decode_group"] = [list(g) for g in self.decode_group]
         return d
 
