@@ -35,19 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from safetyrepro.perf import worktrees  # noqa: E402
 from safetyrepro.perf.args import revisions_parser  # noqa: E402
 
 STATES = ("source", "bytecode")
 COMMAND = ["-m", "safetyrepro.cell_client", "--help"]
-
-
-def checkout(rev: str, folder: Path) -> str:
-    """``rev`` checked out (detached) at ``folder``; returns its full commit."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", rev], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(folder), sha],
-                   check=True)
-    return sha
 
 
 def drop_bytecode(tree: Path) -> None:
@@ -83,7 +75,7 @@ def main(argv=None) -> int:
     try:
         for side, rev in (("baseline", a.baseline), ("candidate", a.candidate)):
             trees[side] = tmp / side
-            commits[side] = checkout(rev, trees[side])
+            commits[side] = worktrees.checkout(rev, trees[side])
         for state in STATES:
             for tree in trees.values():
                 drop_bytecode(tree)
@@ -97,7 +89,7 @@ def main(argv=None) -> int:
                     print(f"  {state:8s} round {r + 1}/{a.rounds} {side:9s} {ms:6.1f} ms", flush=True)
     finally:
         for tree in trees.values():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+            worktrees.remove(tree)
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {s: {side: round(statistics.median(v), 2) for side, v in sides.items()} for s, sides in times.items()}

@@ -77,10 +77,10 @@ def worktree(spec: str, base: Path) -> tuple[Path, str]:
         dirty = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True).stdout.strip()
         return tree, sha + ("+uncommitted" if dirty else "")
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", spec], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    from safetyrepro.perf.worktrees import checkout
+
     tree = base / "p"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), sha], check=True)
+    sha = checkout(spec, tree)
     (base / "shared").symlink_to((ROOT.parent / "shared").resolve())
     resources = (ROOT / "resources").resolve()
     if not (resources / "models").is_dir():
@@ -192,8 +192,10 @@ def main(argv=None) -> int:
                       f"wall {rnd[side]['wall_s']:.1f} s", flush=True)
             record["rounds"].append(rnd)
     finally:
+        from safetyrepro.perf.worktrees import remove
+
         for t in made:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(t)], check=False)
+            remove(t)
         shutil.rmtree(tmp, ignore_errors=True)
     ratios = {}
     for k in [*SLICE, "total"]:

@@ -30,15 +30,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))   # this checkout's package (perf.args, perf.worktrees)
 SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors|skipped|deselected|xfailed|xpassed)")
 
 
 def worktree(rev: str, base: Path) -> tuple[Path, str]:
     """A detached work tree of ``rev`` at ``base/p`` with ``base/shared`` -> ../shared."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", rev], check=True, capture_output=True,
-                         text=True).stdout.strip()
+    from safetyrepro.perf.worktrees import checkout
+
     tree = base / "p"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), sha], check=True)
+    sha = checkout(rev, tree)
     shared = ROOT.parent / "shared"
     if not shared.exists():
         raise SystemExit(f"bench_test_suite: {shared} is missing (the benchmark data the tests read)")
@@ -124,8 +125,10 @@ def main(argv=None) -> int:
         record["total_baseline_s"] = round(tb + record["only_baseline_s"], 1)
         record["total_candidate_s"] = round(tc + record["only_candidate_s"], 1)
     finally:
+        from safetyrepro.perf.worktrees import remove
+
         for t in trees.values():
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(t)], check=False)
+            remove(t)
         shutil.rmtree(tmp, ignore_errors=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
