@@ -1,6 +1,7 @@
 """The Python API: ``safetyrepro.certify`` on a DataFrame gives the CLI's numbers for the same
-table as a CSV, ``import safetyrepro`` stays cheap, and ``read_lmeval`` reads a real lm-eval
-run (lm-eval's own ``dummy`` model: a real evaluation without weights)."""
+table as a CSV, ``import safetyrepro`` stays cheap, and ``read_helm`` reads real HELM runs.
+``read_lmeval`` on real lm-eval runs is tested in tests/crosspkg/test_crosspkg_import.py, beside
+the other tests of the same session fixture."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pandas as pd
 import pytest
 
 from conftest import run_cli
-from lmeval_support import N_ITEMS
 
 
 def _item_table() -> pd.DataFrame:
@@ -89,27 +89,6 @@ def test_import_safetyrepro_is_cheap():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("[] ")
     assert "'certify'" in out and "'read_lmeval'" in out and "'read_helm'" in out
-
-
-@pytest.mark.slow
-def test_read_lmeval_then_certify(lmeval_runs):
-    """read_lmeval on real lm-eval runs (two embedded models, with and without a system
-    instruction: the session fixture of tests/lmeval_support.py) equals `import lm-eval`."""
-    import safetyrepro
-    from safetyrepro.crosspkg.importers import import_lmeval
-
-    _, _, by_key = lmeval_runs
-    runs = list(by_key.values())
-    df = safetyrepro.read_lmeval(runs)
-    ref = import_lmeval(runs)
-    pd.testing.assert_frame_equal(df, ref.table)
-    assert df.attrs["axes"] == ["system"] == ref.axes
-    assert df.attrs["constant"]["package"].startswith("lm-eval ")
-    assert df["model"].nunique() == 2 and len(df) == 2 * 2 * N_ITEMS
-    one = safetyrepro.read_lmeval(str(runs[0]))  # one path, not a list
-    assert one["model"].nunique() == 1 and len(one) == N_ITEMS
-    res = safetyrepro.certify(df, config_cols=df.attrs["axes"], samples=50)
-    assert res.level == "item" and int(res.pairs.iloc[0]["n_configs"]) == 2
 
 
 def test_read_helm_matches_the_cli_import(tmp_path):

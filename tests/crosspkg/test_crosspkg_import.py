@@ -16,8 +16,9 @@ from lmeval_support import LMEVAL_ENV, N_ITEMS, SYSTEM, hf_args, run_lmeval
 
 pytestmark = pytest.mark.slow
 
-# The fixtures folders, tqa_items and lmeval_runs are session fixtures of tests/lmeval_support.py:
-# tests/test_api.py reads the same lm-eval runs.
+# The fixtures folders, tqa_items and lmeval_runs are session fixtures of tests/lmeval_support.py.
+# Every test reading lm-eval runs lives in this file: under `--dist loadfile` one process then
+# builds them once (two files could land in two processes, each building its own, ~2 min).
 
 
 def _samples(out: Path) -> list[dict]:
@@ -547,3 +548,23 @@ def test_readers_never_raise_anything_but_data_error(filter_runs, inspect_eval_s
     # every reader was hit, and both readable and refused inputs came up
     assert {w for w, _ in seen} == {"results", "samples", "line", "inspect"}
     assert {o for _, o in seen} == {"ok", "error"} and sum(seen.values()) >= 200, seen
+
+
+def test_read_lmeval_then_certify(lmeval_runs):
+    """read_lmeval on real lm-eval runs (two embedded models, with and without a system
+    instruction: the session fixture of tests/lmeval_support.py) equals `import lm-eval`."""
+    import safetyrepro
+    from safetyrepro.crosspkg.importers import import_lmeval
+
+    _, _, by_key = lmeval_runs
+    runs = list(by_key.values())
+    df = safetyrepro.read_lmeval(runs)
+    ref = import_lmeval(runs)
+    pd.testing.assert_frame_equal(df, ref.table)
+    assert df.attrs["axes"] == ["system"] == ref.axes
+    assert df.attrs["constant"]["package"].startswith("lm-eval ")
+    assert df["model"].nunique() == 2 and len(df) == 2 * 2 * N_ITEMS
+    one = safetyrepro.read_lmeval(str(runs[0]))  # one path, not a list
+    assert one["model"].nunique() == 1 and len(one) == N_ITEMS
+    res = safetyrepro.certify(df, config_cols=df.attrs["axes"], samples=50)
+    assert res.level == "item" and int(res.pairs.iloc[0]["n_configs"]) == 2
