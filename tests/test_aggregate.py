@@ -155,7 +155,7 @@ def test_write_aggregate_writes_the_declared_outputs_with_provenance(fresh, tmp_
     assert rec["quantization"] == "nf4" and rec["weights_hash"] == "synthetic"
     # what the GRID card discloses besides: chat template, numerics, the batch plans and OOM splits
     assert "chat_template_hash" in rec and rec["chat_template_hash"] is None  # synthetic shards: none
-    assert rec["numerics"] == {f: None for f in ("dtype", "compute_dtype", "nf4_matmul", "attention",
+    assert rec["numerics"] == {f: None for f in ("dtype", "compute_dtype", "nf4_matmul", "attention", "linear",
                                                  "torch_version", "transformers_version", "bitsandbytes_version")}
     assert rec["batching"] == {"batch_size_caps": [8], "largest_batch_prompts": 5, "memory_plans": 1,
                                "oom_splits": 1}

@@ -9,6 +9,7 @@ import torch
 from safetyrepro.config import load_config
 from safetyrepro.errors import ConfigError
 from safetyrepro.compute_dtype import compute_dtype, cpu_flags, native_bf16
+from safetyrepro.models.packed_linear import resolve as resolve_linear
 from safetyrepro.plan import Plan
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
@@ -79,7 +80,7 @@ def test_fingerprint_and_worker_key_name_the_compute_dtype(default_cfg, tmp_path
     common = dict(template_hash=p.fingerprints.template_hash("truthfulqa", "T1"), weights=None, code=p.fingerprints.inference_code)
     loaded = {d: cell_fingerprint(cell_fingerprint_fields(
         p.cfg, "smollm2-135m", "nf4", "truthfulqa", c, 0, p.decode_group("truthfulqa", "T1-greedy-k0-freeform"),
-        compute=d, **common)) for d in ("bfloat16", "float32")}
+        compute=d, linear=resolve_linear("packed", "cpu", d), **common)) for d in ("bfloat16", "float32")}
     assert loaded["bfloat16"] == fp["bf16"] and loaded["float32"] != fp["bf16"]
 
 

@@ -241,7 +241,8 @@ def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_pa
     loaded = loaded_weights_identity(p1.cfg, "b", {"model_key": "b", "weights_hash": p0.fingerprints.weights_identity("b")})
     fields = cell_fingerprint_fields(p1.cfg, "b", p1.quantization("b"), "bbq", c, 0, p1.decode_group("bbq", cid),
                                      template_hash=p1.fingerprints.template_hash("bbq", c.template), weights=loaded,
-                                     code=p1.fingerprints.inference_code, compute=p1.runtime.compute_dtype(p1.quantization("b")))
+                                     code=p1.fingerprints.inference_code, compute=p1.runtime.compute_dtype(p1.quantization("b")),
+                                     linear=p1.runtime.linear(p1.quantization("b")))
     assert cell_fingerprint(fields, p1.fingerprints.chat_template_hash("b")) == cells0[("b", cid, 0)]
     assert cell_fingerprint(fields, p1.fingerprints.chat_template_hash("b")) != cells1[("b", cid, 0)]
     (folder / "model.safetensors").unlink()

@@ -49,7 +49,7 @@ def _check_consistent(metas: dict[str, dict], key: str, what: str) -> None:
 # model folder changes the weights hash; another machine the device, dtype, matmul path or
 # library versions). Fields a shard does not record count as None.
 NUMERICS_FIELDS = ("weights_hash", "quantization", "device", "dtype", "compute_dtype", "nf4_matmul",
-                   "attention", "torch_version", "transformers_version", "bitsandbytes_version",
+                   "attention", "linear", "torch_version", "transformers_version", "bitsandbytes_version",
                    "chat_template_hash")
 
 
@@ -57,7 +57,7 @@ SHARD_NUMERICS_FIELDS = ("chat_template_hash",)  # recorded as ShardMeta fields,
 
 # The numerics a GRID card discloses besides weights hash, quantization, device and chat template
 # (compute_dtype: the arithmetic, float32 on a CPU without native bf16 even where dtype says bf16)
-CARD_NUMERICS_FIELDS = ("dtype", "compute_dtype", "nf4_matmul", "attention", "torch_version",
+CARD_NUMERICS_FIELDS = ("dtype", "compute_dtype", "nf4_matmul", "attention", "linear", "torch_version",
                         "transformers_version", "bitsandbytes_version")
 
 

@@ -26,6 +26,7 @@ from .config import RunConfig, load_config
 from .errors import CellError, SafetyReproError
 from .grid import Config
 from .hashing import canonical_hash, text_hash
+from .models.packed_linear import resolve as resolve_linear
 from .provenance import code_version
 from .requests import FreeformRequests, LogprobRequests, cell_requests
 from .shards import ShardMeta, read_shard, write_shard
@@ -285,19 +286,22 @@ def run_cell(request: CellRequest, runner: ModelCellRunner | None = None, *, pro
     task = load_task(request.benchmark)
     backend = runner.backend(cfg, request)
     info = backend.info
+    runtime = cfg.section("runtime")
+    compute = info.get("compute_dtype") or compute_dtype(runtime["cpu_compute_dtype"], info.get("device", "cpu"),
+                                                         request.quantization)
     fields = cell_fingerprint_fields(
         cfg, request.model, request.quantization, request.benchmark, c, request.seed, request.decode_group,
         template_hash=task.template_hash(c.template), weights=loaded_weights_identity(cfg, request.model, info),
-        code=runner.code(),
-        compute=info.get("compute_dtype") or compute_dtype(cfg.section("runtime")["cpu_compute_dtype"],
-                                                           info.get("device", "cpu"), request.quantization))
+        code=runner.code(), compute=compute,
+        linear=info.get("linear") or resolve_linear(runtime["cpu_linear"], info.get("device", "cpu"), compute))
     if request.fingerprint is not None:
         planned = cell_fingerprint(fields)
         if request.fingerprint != planned:
             raise StaleWorkerError(
                 f"cell {request.id}: the job's fingerprint {request.fingerprint[:12]} differs from "
                 f"{planned[:12]}, computed from the code, config ({request.config_path}), rules, task "
-                f"files, model weights and compute dtype ({fields['compute_dtype']}) this process has "
+                f"files, model weights, compute dtype ({fields['compute_dtype']}) and linear path "
+                f"({fields['linear']}) this process has "
                 "loaded (one of them changed since it loaded them, or since the workflow planned the job; "
                 "with runtime.cpu_compute_dtype: auto, a node whose CPU resolves it otherwise than the "
                 "planning host: set it explicitly); nothing was computed")

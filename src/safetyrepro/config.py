@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "runtime": {"device": "auto", "resources_dir": "resources", "results_dir": "results",
                 "worker_idle_timeout_s": 120, "cell_timeout_s": 7200, "device_wait_s": 1800,
                 "prefill_store_mb": 2048, "grouped_attention": True, "cpu_compute_dtype": "auto",
+                "cpu_linear": "packed",
                 "cluster": {"mem_mb": 16000, "cell_minutes": 2}},
     "analysis": {"parse_clean_threshold": 0.95, "bootstrap_samples": 1000, "bootstrap_seed": 7,
                  "subsample_fraction": 0.8, "subsample_repeats": 20,

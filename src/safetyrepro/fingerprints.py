@@ -87,7 +87,7 @@ def scoring_fingerprint(benchmarks) -> str:
 
 def cell_fingerprint_fields(cfg: RunConfig, model: str, quantization: str, benchmark: str, c: grid.Config,
                             seed: int, group, *, template_hash: str, weights: str | None, code: str,
-                            compute: str) -> dict:
+                            compute: str, linear: str) -> dict:
     """What a cell's output depends on except the chat template (:func:`cell_fingerprint`)."""
     rules = cfg.rules
     return {
@@ -107,6 +107,9 @@ def cell_fingerprint_fields(cfg: RunConfig, model: str, quantization: str, bench
         "grouped_attention": bool(cfg.section("runtime")["grouped_attention"]),
         # bf16 or float32 arithmetic on the same weights (runtime.cpu_compute_dtype)
         "compute_dtype": compute,
+        # bf16 linear layers on weights packed for oneDNN or on F.linear (runtime.cpu_linear):
+        # for some row counts the sums run in another order
+        "linear": linear,
         # decoded in one batch with these: in bf16/NF4 the batch can change a token
         "group": [list(g) for g in group],
         "rules_stamp": rules.stamp,
@@ -180,7 +183,7 @@ class Fingerprints:
         return marker_chat_template_hash(self.layout.model_marker(model), model)
 
     def cell(self, model: str, quantization: str, benchmark: str, c: grid.Config, seed: int, group,
-             compute: str, *, chat_template: bool = True) -> str:
+             compute: str, linear: str, *, chat_template: bool = True) -> str:
         """A cell's fingerprint from its resolved parts. With ``chat_template`` (what a shard
         records and aggregation expects) it includes the model's chat-template hash from the
         prepared-model marker; the workflow's rerun parameter leaves it out: the marker does not
@@ -189,7 +192,7 @@ class Fingerprints:
         fields = cell_fingerprint_fields(
             self.cfg, model, quantization, benchmark, c, seed, group,
             template_hash=self.template_hash(benchmark, c.template), weights=self.weights_identity(model),
-            code=self.inference_code, compute=compute)
+            code=self.inference_code, compute=compute, linear=linear)
         return cell_fingerprint(fields, self.chat_template_hash(model) if chat_template else NO_CHAT_TEMPLATE)
 
     def items_fingerprint(self, benchmark: str) -> str:

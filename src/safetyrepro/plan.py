@@ -169,10 +169,10 @@ class Plan:
 
     # ---- model workers ----------------------------------------------------------------------
     def worker_key(self, model: str, quantization: str) -> str:
-        """One worker per (model, quantization, compute dtype, model source): a changed source
-        or compute dtype loads afresh."""
+        """One worker per (model, quantization, compute dtype, linear path, model source): a
+        changed source, compute dtype or linear path loads afresh."""
         return make_key(model, quantization, self.runtime.compute_dtype(quantization),
-                        self.fingerprints.source_fingerprint(model)[:12])
+                        self.runtime.linear(quantization), self.fingerprints.source_fingerprint(model)[:12])
 
     # ---- fingerprints ---------------------------------------------------------------------
     def cell_fingerprint(self, model: str, benchmark: str, config_id: str, seed: int, variant: str = "main",
@@ -185,7 +185,8 @@ class Plan:
         quantization = self.quantization(model, variant)
         return self.fingerprints.cell(model, quantization, benchmark, self.config(config_id), seed,
                                       self.decode_group(benchmark, config_id, variant),
-                                      self.runtime.compute_dtype(quantization), chat_template=chat_template)
+                                      self.runtime.compute_dtype(quantization), self.runtime.linear(quantization),
+                                      chat_template=chat_template)
 
     def cell_request(self, model: str, benchmark: str, config_id: str, seed: int, out: str | Path,
                      variant: str = "main") -> CellRequest:

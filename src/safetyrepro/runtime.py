@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from .compute_dtype import compute_dtype, planned_device
 from .config import RunConfig
+from .models.packed_linear import resolve as resolve_linear
 
 
 @dataclass(eq=False, frozen=True)
@@ -35,6 +36,12 @@ class RuntimeSettings:
         (``runtime.cpu_compute_dtype``, :mod:`.compute_dtype`), resolved where the run is planned
         (a worker fingerprints with what the model it loaded computes in)."""
         return compute_dtype(self.settings["cpu_compute_dtype"], self.device, quantization)
+
+    def linear(self, quantization: str) -> str:
+        """``packed`` or ``plain``: how a model quantized as ``quantization`` runs its linear
+        layers (``runtime.cpu_linear``, :mod:`.models.packed_linear`), resolved where the run is
+        planned (a worker fingerprints with what the model it loaded uses)."""
+        return resolve_linear(self.settings["cpu_linear"], self.device, self.compute_dtype(quantization))
 
     @property
     def worker_idle_timeout(self) -> float:

@@ -32,7 +32,8 @@ class ModelDims:
     head_dim: int
     vocab: int
     act_bytes: int      # bytes of one activation / cache value (the compute dtype)
-    weight_bytes: int   # parameters and buffers as loaded (4-bit weights packed)
+    weight_bytes: int   # parameters and buffers as loaded (4-bit weights packed), and
+    #                     oneDNN's packed copies of bf16 linear weights (CPU)
 
     @property
     def kv_token_bytes(self) -> int:
@@ -41,12 +42,15 @@ class ModelDims:
 
     @classmethod
     def of(cls, lm) -> "ModelDims":
+        from ..models.packed_linear import packed_bytes
+
         model = lm.model
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         q_heads = int(config.num_attention_heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // q_heads)
         weights = sum(t.numel() * t.element_size() for t in model.parameters())
         weights += sum(t.numel() * t.element_size() for t in model.buffers())
+        weights += packed_bytes(model)
         dtype = getattr(model, "dtype", None)
         act = dtype.itemsize if dtype is not None and getattr(dtype, "is_floating_point", False) else 2
         return cls(layers=int(config.num_hidden_layers), hidden=int(config.hidden_size),

@@ -16,7 +16,9 @@ read once); on other devices it runs transformers' ``sdpa`` with grouped heads a
 copies (``sdpa_grouped``). ``runtime.grouped_attention: false`` keeps transformers' copies of
 keys/values per query head (``sdpa_engine_repeat`` / ``sdpa``). On a CPU an NF4/bf16 model
 computes in bf16 or float32 (``runtime.cpu_compute_dtype``, :mod:`.compute_dtype`).
-``info["nf4_matmul"]``, ``info["attention"]`` and ``info["compute_dtype"]`` record what a model uses.
+``info["nf4_matmul"]``, ``info["attention"]``, ``info["compute_dtype"]`` and ``info["linear"]``
+(``packed``: bf16 linear layers on weights packed once for oneDNN, ``runtime.cpu_linear``;
+``plain``: ``F.linear``) record what a model uses.
 
 Device: ``runtime.device`` (``auto`` -> ``cuda`` when ``torch.cuda.is_available()``, else
 ``cpu``), overridable per call. ``runtime.threads`` sets ``torch.set_num_threads``. A config
@@ -37,6 +39,9 @@ from ..compute_dtype import compute_dtype, native_bf16
 from ..sysutil import package_version
 from ..weights import recorded_weights_hash
 from .chat import stop_strings_for, stop_token_ids, system_role, template_hash
+from .packed_linear import available as packed_linear_available
+from .packed_linear import pack_linears
+from .packed_linear import resolve as resolve_linear
 from .prepare import prepare_model
 
 QUANTIZATIONS = ("nf4", "bf16", "fp32")
@@ -131,7 +136,7 @@ def _load_kwargs(quantization: str, device: str) -> tuple[dict, str]:
 def load_model(cfg, key: str, *, quantization: str | None = None,
                device: str | None = None, progress: bool = False,
                cpu_engine: bool = True, grouped_attention: bool | None = None,
-               cpu_compute_dtype: str | None = None) -> LoadedModel:
+               cpu_compute_dtype: str | None = None, cpu_linear: str | None = None) -> LoadedModel:
     """Prepare (if needed) and load model ``key`` of run config ``cfg``.
 
     ``quantization`` / ``device`` default to the config's ``models.<key>.quantization`` and
@@ -141,7 +146,10 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
     the key and path. ``grouped_attention`` (default: ``runtime.grouped_attention``) selects
     grouped heads without key/value copies (:mod:`safetyrepro.inference.attention`).
     ``cpu_compute_dtype`` (default: ``runtime.cpu_compute_dtype``) picks bf16 or float32
-    arithmetic on a CPU for the same weights (:mod:`.compute_dtype`)."""
+    arithmetic on a CPU for the same weights (:mod:`.compute_dtype`). ``cpu_linear`` (default:
+    ``runtime.cpu_linear``): ``packed`` runs bf16 linear layers on a CPU on weights packed once
+    for oneDNN, ``plain`` on ``F.linear`` (:mod:`.packed_linear`); the engine only
+    (``cpu_engine=False`` keeps ``F.linear``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -190,6 +198,13 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
     if dev != "cpu" or cpu_engine:  # cpu_engine=False: the model as transformers loads it
         use_attention(model, select_attention(engine=dev == "cpu", grouped=grouped))
     attention = attn_implementation(model)
+    linear = resolve_linear(cpu_linear or runtime.get("cpu_linear", "packed"), dev,
+                            str(model.dtype).removeprefix("torch.")) if cpu_engine else "plain"
+    if linear == "packed":
+        if not packed_linear_available():
+            raise ModelError(f"model {key}: runtime.cpu_linear: packed needs torch's oneDNN operators "
+                             f"(torch {package_version('torch')} has none); set runtime.cpu_linear: plain")
+        pack_linears(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
         if tok.pad_token_id is None:
@@ -215,6 +230,7 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
         "chat_template_hash": template_hash(tok),
         "system_role": system_role(tok),
         "attention": attention,
+        "linear": linear,
         "threads": torch.get_num_threads(),
     }
     if nf4_matmul:

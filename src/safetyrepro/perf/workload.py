@@ -147,7 +147,7 @@ def group_comparison(fields: tuple[str, str, str, str], lm, gc: GroupCase, timed
     record = {"model": model, "benchmark": bench, "template": template, "shots": shots,
               "group": [list(g) for g in gc.group], "times_s": timed.times, "ratio": ratio,
               "identical_sequences": same, "n_sequences": total,
-              "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "threads")}}
+              "model_info": {k: lm.info.get(k) for k in ("quantization", "nf4_matmul", "attention", "linear", "threads")}}
     return row, record
 
 
