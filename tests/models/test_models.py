@@ -20,6 +20,7 @@ from safetyrepro.errors import ConfigError, ModelError
 from safetyrepro.models import format_prompt, format_prompt_parts, load_model, prepare_model
 from safetyrepro.models.chat import format_plain, stop_strings_for, stop_token_ids
 from safetyrepro.models.packed_linear import PackedForward
+from safetyrepro.models.packed_linear import resolve as resolve_linear
 from safetyrepro.models.prepare import needs_preparing
 from safetyrepro.models.sources.pypi_gguf import model_dir
 from safetyrepro.paths import PROJECT_ROOT
@@ -260,7 +261,7 @@ def test_load_quantizations_on_cpu(cfg, smol, quant, dtype, engine):
         assert "Linear4bit" not in linear_types and "nf4_matmul" not in info
     assert info["attention"] == ("sdpa_engine" if engine else "sdpa")
     # bf16 arithmetic in the engine multiplies on weights packed for oneDNN (runtime.cpu_linear)
-    packed = engine and expected == torch.bfloat16
+    packed = engine and expected == torch.bfloat16 and resolve_linear("packed", "cpu", "bfloat16") == "packed"
     assert info["linear"] == ("packed" if packed else "plain")
     assert any(isinstance(m.forward, PackedForward) for m in lm.model.modules()) == packed
     # the loaded model runs: one greedy step on a short prompt gives a finite distribution

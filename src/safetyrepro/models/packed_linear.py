@@ -11,8 +11,10 @@ The same weights and bf16 products with float32 sums, but not always the same ke
 row counts oneDNN sums in another order than ``F.linear`` does (as ``F.linear`` itself does
 between row counts), so a bf16 token or log-likelihood can differ in its last bits. The
 resolved path is therefore part of every cell fingerprint, of the worker key and of the
-numerics a shard records (``model_info["linear"]``). ``plain`` keeps ``F.linear``. Float32
-compute and GPUs always use ``F.linear`` (``plain``).
+numerics a shard records (``model_info["linear"]``). ``plain`` keeps ``F.linear``. Only where
+the CPU multiplies bf16 natively (the test of ``cpu_compute_dtype: auto``,
+:func:`..compute_dtype.native_bf16`): with bf16 forced on another CPU, or oneDNN capped below its
+bf16 kernels, oneDNN has no bf16 reorder, and float32 compute and GPUs never pack (``plain``).
 
 Resolution is standard library only (the workflow resolves it when it plans the run); torch is
 imported where layers are packed.
@@ -20,25 +22,41 @@ imported where layers are packed.
 
 from __future__ import annotations
 
+import functools
+
+from ..compute_dtype import native_bf16
+
 SETTINGS = ("packed", "plain")
 ROWS_HINT = 256  # the row count oneDNN lays a packed weight out for (any count runs on it)
 
 
-def resolve(setting: str, device: str, compute: str) -> str:
+def resolve(setting: str, device: str, compute: str, native: bool | None = None) -> str:
     """``"packed"`` or ``"plain"``: the linear path of a model computing in ``compute``
-    (``bfloat16`` | ``float32``) on ``device`` under ``runtime.cpu_linear`` = ``setting``."""
+    (``bfloat16`` | ``float32``) on ``device`` under ``runtime.cpu_linear`` = ``setting``, on a
+    CPU with (``native``; default: this one's, :func:`..compute_dtype.native_bf16`) or without
+    native bf16."""
     if setting not in SETTINGS:
         raise ValueError(f"cpu_linear {setting!r}: expected one of {', '.join(SETTINGS)}")
-    return "packed" if setting == "packed" and device == "cpu" and compute == "bfloat16" else "plain"
+    if setting != "packed" or device != "cpu" or compute != "bfloat16":
+        return "plain"
+    return "packed" if (native_bf16() if native is None else native) else "plain"
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """True where torch has oneDNN and the two operators packing needs."""
+    """True where torch has oneDNN, the two operators packing needs, and oneDNN packs a bf16
+    weight on this CPU (it refuses without AVX-512 BW/VL/DQ or AVX-NE-CONVERT, or when
+    ``ONEDNN_MAX_CPU_ISA`` caps it below them)."""
     import torch
 
-    return (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), ROWS_HINT)
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedForward:
