@@ -5,7 +5,8 @@ linear layer's weight at load; ``plain`` leaves the packing to oneDNN at every c
 each timed ALTERNATELY in one process on this CPU:
 
 * products: every distinct linear-layer shape of each model in ``--models`` (its own loaded
-  weights) at ``--rows`` rows, F.linear against the packed forward (``--reps`` calls per timing);
+  weights) at ``--rows`` rows, F.linear against the packed forward (``--reps`` calls per timing,
+  after one untimed warm-up of each);
 * groups: whole decode groups (``--cases``, greedy + T=0.3 x 5 + T=0.7 x 5, ``generate_streams``
   as the worker runs it) on the model loaded twice, ``cpu_linear`` plain and packed, with the
   count of token-identical sequences (the sums can run in another order, so a bf16 token can
@@ -52,8 +53,10 @@ def product_rows(cfg, models: list[str], rows: list[int], reps: int, rounds: int
                             for _ in range(reps):
                                 f(x)
                     return run
-                timed = alternate({"plain": many(lambda v: F.linear(v, layer.weight, layer.bias)),
-                                   "packed": many(packed)}, rounds, log=None)
+                sides = {"plain": many(lambda v: F.linear(v, layer.weight, layer.bias)), "packed": many(packed)}
+                for run in sides.values():  # warm-up: oneDNN creates its primitive at the first call
+                    run()
+                timed = alternate(sides, rounds, log=None)
                 ratio = timed.ratio("plain", "packed")
                 table.append([model, name.rsplit(".", 1)[-1], f"{k}x{n}", m, timed.median("plain") / reps * 1e3,
                               timed.median("packed") / reps * 1e3, f"{ratio:.2f}x"])
