@@ -4,7 +4,7 @@ torch's bf16 ``F.linear`` on a CPU gives oneDNN the weight in its plain ``[out, 
 and oneDNN copies it into its blocked layout at every call. At the engine's batch sizes (one to
 a few hundred rows) that copy costs about as much as the product itself. ``packed`` (the
 default) does the copy once per layer at load (``torch.ops.mkldnn._reorder_linear_weight``) and
-runs every call on the packed weight (``torch.ops.mkldnn._linear_pointwise``): 1.1-2.8x faster
+runs every call on the packed weight (``torch.ops.mkldnn._linear_pointwise``): 1.1-2.4x faster
 per product on an AMX Xeon (benchmarks/RESULTS.md section 23).
 
 The same weights and bf16 products with float32 sums, but not always the same kernel: for some
