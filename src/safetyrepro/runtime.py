@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .compute_dtype import compute_dtype, planned_device
+from .compute_dtype import compute_dtype, native_bf16, planned_device
 from .config import RunConfig
 from .models.packed_linear import resolve as resolve_linear
 
@@ -41,7 +41,14 @@ class RuntimeSettings:
         """``packed`` or ``plain``: how a model quantized as ``quantization`` runs its linear
         layers (``runtime.cpu_linear``, :mod:`.models.packed_linear`), resolved where the run is
         planned (a worker fingerprints with what the model it loaded uses)."""
-        return resolve_linear(self.settings["cpu_linear"], self.device, self.compute_dtype(quantization))
+        return resolve_linear(self.settings["cpu_linear"], self.device, self.compute_dtype(quantization),
+                              native=self.native_bf16)
+
+    @functools.cached_property
+    def native_bf16(self) -> bool:
+        """Whether this CPU multiplies bf16 natively (:func:`.compute_dtype.native_bf16`), read
+        from /proc/cpuinfo once per plan rather than for every job's fingerprint."""
+        return native_bf16()
 
     @property
     def worker_idle_timeout(self) -> float:
