@@ -12,8 +12,9 @@ each timed ALTERNATELY in one process on this CPU:
   count of token-identical sequences (the sums can run in another order, so a bf16 token can
   differ).
 
-bf16 compute is forced (``cpu_compute_dtype: bf16``), so on a CPU without native bf16 this
-measures what ``auto`` would not run. Writes benchmarks/results/packed_linear.json.
+bf16 compute is forced (``cpu_compute_dtype: bf16``). Packing applies only where the CPU has
+native bf16 and oneDNN packs (:func:`safetyrepro.models.packed_linear.resolve`, ``available``);
+elsewhere the script says so and exits 2. Writes benchmarks/results/packed_linear.json.
 Run: benchmarks/README.md.
 """
 
@@ -100,9 +101,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from safetyrepro.config import load_config
+    from safetyrepro.models.packed_linear import available, resolve
     from safetyrepro.perf.report import publish
     from safetyrepro.perf.timing import format_table
 
+    if resolve("packed", "cpu", "bfloat16") != "packed" or not available():
+        print("bench_packed_linear: this CPU does not pack bf16 linear layers (no native bf16, or oneDNN "
+              "capped below its bf16 kernels or unable to pack): runtime.cpu_linear resolves to plain "
+              "here, so there is nothing to compare", file=sys.stderr)
+        return 2
     cfg = load_config(args.config)
     products, product_records = product_rows(cfg, args.models, args.rows, args.reps, args.rounds)
     try:

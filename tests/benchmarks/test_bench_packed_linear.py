@@ -1,6 +1,7 @@
 """Benchmark 25 (benchmarks/bench_packed_linear.py) runs for real on the embedded SmolLM2: every
 linear-layer shape is timed both ways, a decode group runs on the model loaded plain and packed,
-and the record says which path each side used."""
+and the record says which path each side used. Where this CPU does not pack (no native bf16),
+the script says so and exits 2."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 
 import pytest
 import yaml
+
+from safetyrepro.models.packed_linear import available, resolve
 
 from conftest import ROOT, run_cli
 from workflow_support import smol_truthfulqa_config
@@ -28,6 +31,10 @@ def test_bench_packed_linear_small_run(tmp_path):
                         "--models", "smollm2-135m", "--rows", "1", "5", "--reps", "2", "--rounds", "1",
                         "--cases", "smollm2-135m:truthfulqa:T1:k0", "--out", str(out)],
                        capture_output=True, text=True, timeout=900, cwd=ROOT)
+    if resolve("packed", "cpu", "bfloat16") != "packed" or not available():
+        assert r.returncode == 2 and "does not pack bf16 linear layers" in r.stderr, r.stderr[-3000:]
+        assert not (out / "packed_linear.json").exists()
+        return
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads((out / "packed_linear.json").read_text())
     products = rec["products"]

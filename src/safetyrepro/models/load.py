@@ -202,8 +202,9 @@ def load_model(cfg, key: str, *, quantization: str | None = None,
                             str(model.dtype).removeprefix("torch.")) if cpu_engine else "plain"
     if linear == "packed":
         if not packed_linear_available():
-            raise ModelError(f"model {key}: runtime.cpu_linear: packed needs torch's oneDNN operators "
-                             f"(torch {package_version('torch')} has none); set runtime.cpu_linear: plain")
+            raise ModelError(f"model {key}: runtime.cpu_linear: packed, but oneDNN in torch "
+                             f"{package_version('torch')} cannot pack bf16 weights on this CPU; "
+                             "set runtime.cpu_linear: plain")
         pack_linears(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token

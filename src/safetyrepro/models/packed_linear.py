@@ -69,14 +69,15 @@ class PackedForward:
 
         self.layer = layer
         self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), ROWS_HINT)
+        # the two kernels, looked up once (every decode step calls every layer)
+        self._packed_linear = torch.ops.mkldnn._linear_pointwise
+        self._plain_linear = torch.nn.functional.linear
 
     def __call__(self, x):
-        import torch
-
         layer = self.layer
         if x.dtype != self.packed.dtype:
-            return torch.nn.functional.linear(x, layer.weight, layer.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, layer.bias, "none", [], "")
+            return self._plain_linear(x, layer.weight, layer.bias)
+        return self._packed_linear(x.contiguous(), self.packed, layer.bias, "none", [], "")
 
 
 def pack_linears(model) -> int:
