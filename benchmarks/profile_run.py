@@ -35,7 +35,9 @@ DONE = re.compile(r"^Finished jobid: (\d+) \(Rule: ([\w.+-]+)\)$")
 
 
 def stage_of(rule: str, output: str) -> str:
-    """The rule, with the precision check's cells (output under shards_bf16/) as cell_bf16."""
+    """The rule, with the decode groups' jobs (``cell_group_<variant>``) as cells and the
+    precision check's cells (output under shards_bf16/) as cell_bf16."""
+    rule = "cell" if rule.startswith("cell_group_") else rule
     return "cell_bf16" if rule == "cell" and "/shards_bf16/" in output else rule
 
 

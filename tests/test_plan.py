@@ -247,3 +247,54 @@ def test_a_local_folders_weights_are_in_its_fingerprints_and_nothing_else(tmp_pa
     assert cell_fingerprint(fields, p1.fingerprints.chat_template_hash("b")) != cells1[("b", cid, 0)]
     (folder / "model.safetensors").unlink()
     assert snapshot()[0].fingerprints.weights_identity("b") == f"unreadable:{folder}"
+
+
+def test_decode_groups_of_the_default_envelope_are_one_job_each(tmp_path):
+    import itertools
+
+    plan = _plan(tmp_path, {"a": "nf4", "b": "nf4"})
+    g = plan.group_jobs("main")
+    assert g.members == (("greedy", 0), *(("t0.3", s) for s in range(5)), *(("t0.7", s) for s in range(5)))
+    assert g.models == ("a", "b") and "crows_pairs" not in g.benchmarks
+    assert g.templates == ("T1", "T2", "T3", "T4") and g.shots == ("k0", "k3", "k5")
+    # the groups' cells are exactly the variant's free-form cells, each in one group
+    covered = [(m, b, cid, s) for m, b, t, k in itertools.product(g.models, g.benchmarks, g.templates, g.shots)
+               for cid, s, _ in plan.group_cells("main", m, b, t, k)]
+    freeform = [(j.model, j.benchmark, j.config.id, j.seed) for j in plan.jobs("main") if j.config.scoring == "freeform"]
+    assert sorted(covered) == sorted(freeform) and len(covered) == len(set(covered))
+    cid, seed, fp = plan.group_cells("main", "b", "bbq", "T4", "k5")[7]
+    assert (cid, seed) == ("T4-t0.7-k5-freeform", 1)
+    assert fp == plan.cell_fingerprint("b", "bbq", cid, seed, chat_template=False)
+    # the output patterns name the same shards
+    pattern = g.output_patterns(plan.layout)[7]
+    assert pattern.format(shards="shards", model="b", benchmark="bbq", template="T4", shots="k5") == \
+        str(plan.layout.shard_path("b", "bbq", cid, seed))
+    with pytest.raises(ValueError, match="no group job"):
+        plan.group_cells("main", "b", "crows_pairs", "T1", "k0")
+    # the precision check's cells are greedy only: no group of more than one cell
+    assert plan.group_jobs("bf16") is None
+
+
+def _plan_with_rule(tmp_path, rule: dict) -> Plan:
+    rules = yaml.safe_load((ROOT / "config/envelope.yaml").read_text())
+    rules["validity"].append(rule)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "envelope.yaml"
+    path.write_text(yaml.safe_dump(rules, sort_keys=False))
+    cfg = config_copy(ROOT / "config/config.yaml")
+    cfg["envelope"]["rules"] = str(path)
+    cfg["runtime"]["results_dir"] = str(tmp_path / "results")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return Plan(load_config(tmp_path / "c.yaml"))
+
+
+def test_irregular_decode_groups_stay_one_job_per_cell(tmp_path):
+    # chain of thought greedy only: its free-form cells are groups of one; the rest stay groups
+    plan = _plan_with_rule(tmp_path / "a", {"id": "t4-greedy", "when": {"template": ["T4"]},
+                                            "require": {"decoding": ["greedy"]}})
+    g = plan.group_jobs("main")
+    assert g.templates == ("T1", "T2", "T3") and len(g.members) == 11
+    # chain of thought without T=0.7: two shapes of group, so no group jobs at all
+    plan = _plan_with_rule(tmp_path / "b", {"id": "t4-no-t07", "when": {"template": ["T4"]},
+                                            "require": {"decoding": ["greedy", "t0.3"]}})
+    assert plan.group_jobs("main") is None

@@ -98,7 +98,9 @@ def planned(project: Path, config: Path, *args: str) -> tuple[dict[str, int], se
 
 
 def cell_rules(counts: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in counts.items() if k == "cell"}
+    """The job counts of the rules that run cells: ``cell`` and the decode groups'
+    ``cell_group_<variant>``."""
+    return {k: v for k, v in counts.items() if k == "cell" or k.startswith("cell_group_")}
 
 
 def cli(project: Path, *args: str, timeout: int = 600):

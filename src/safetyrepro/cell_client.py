@@ -1,7 +1,8 @@
 """The thin client side of a cell job: hand the cell to the persistent worker of its model.
 
 Every Snakemake cell job runs ``python -m safetyrepro.cell_client ...``; the cell rule passes
-the cell (its wildcards, the quantization, decode group and fingerprint the plan resolved),
+the cell (its wildcards, the quantization, decode group and fingerprint the plan resolved; a
+decode group's job passes each of its cells and sends them one after another),
 the files the cell reads as its declared inputs (run config, rules, item subset, few-shot pool,
 prepared-model marker), its output, and the worker settings (key, state root, timeouts). The
 client builds one :class:`.cell_request.CellRequest` from them and sends it to the worker, which
@@ -57,8 +58,12 @@ CELL = ("config", "config-id", "model", "variant", "quantization", "benchmark", 
         "decode-group", "rules", "items", "fewshot", "model-marker", "fingerprint", "out")
 WORKER = ("state-root", "key", "idle-timeout", "timeout", "device-wait")
 REQUIRED = CELL + WORKER
+# given once per cell: a group job (workflow/rules/cells.smk, Plan.group_jobs) names each of its
+# cells, which share the rest
+EACH = ("config-id", "seed", "fingerprint", "out")
 USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n in REQUIRED)
-         + "\n\nRun one cell in its model's persistent worker (the cell rule's command). "
+         + "\n\nRun one cell, or the cells of one decode group (--config-id, --seed, --fingerprint and "
+         "--out once per cell), in its model's persistent worker (the cell rules' command). "
          "--config: the run config YAML; --config-id: the envelope point "
          "(template-decoding-shots-scoring); --decode-group: the decodings it is decoded with, "
          "as DECODING:SEEDS,...; --rules, --items, --fewshot, --model-marker: the files the cell "
@@ -70,16 +75,19 @@ USAGE = ("usage: python -m safetyrepro.cell_client " + " ".join(f"--{n} X" for n
          "(runtime.device_wait_s).")
 
 
-def request_from_args(opts: dict[str, str]) -> CellRequest:
-    """The :class:`CellRequest` of the parsed arguments (paths made absolute); ValueError for
-    a malformed seed or decode group."""
+def requests_from_args(opts: dict) -> list[CellRequest]:
+    """The :class:`CellRequest` of each cell of the parsed arguments (paths made absolute), in
+    the order given; ValueError for a malformed seed or decode group."""
     path = os.path.abspath
-    return CellRequest(
+    group = parse_decode_group(opts["decode-group"])
+    return [CellRequest(
         model=opts["model"], variant=opts["variant"], quantization=opts["quantization"],
-        benchmark=opts["benchmark"], config_id=opts["config-id"], seed=int(opts["seed"]),
-        decode_group=parse_decode_group(opts["decode-group"]), config_path=path(opts["config"]),
-        rules=path(opts["rules"]), items=path(opts["items"]), fewshot=path(opts["fewshot"]),
-        model_marker=path(opts["model-marker"]), out=path(opts["out"]), fingerprint=opts["fingerprint"])
+        benchmark=opts["benchmark"], config_id=config_id, seed=int(seed), decode_group=group,
+        config_path=path(opts["config"]), rules=path(opts["rules"]), items=path(opts["items"]),
+        fewshot=path(opts["fewshot"]), model_marker=path(opts["model-marker"]), out=path(out),
+        fingerprint=fingerprint)
+        for config_id, seed, fingerprint, out in zip(opts["config-id"], opts["seed"], opts["fingerprint"],
+                                                     opts["out"])]
 
 
 def check_shard_file(path: str) -> str | None:
@@ -104,12 +112,13 @@ class UsageError(Exception):
     pass
 
 
-def parse_args(argv: list[str]) -> dict[str, str]:
-    """``--name value`` pairs (``--name=value`` too) into a dict. A hand-written parser, not
-    argparse: argparse (with ``re`` and ``gettext``) is the largest import of a process that
-    runs once per cell job."""
+def parse_args(argv: list[str]) -> dict:
+    """``--name value`` pairs (``--name=value`` too) into a dict; the per-cell options
+    (:data:`EACH`) into lists, one value per cell (a group job names each of its cells). A
+    hand-written parser, not argparse: argparse (with ``re`` and ``gettext``) is the largest
+    import of a process that runs once per cell job."""
     names = set(REQUIRED)
-    out: dict[str, str] = {}
+    out: dict = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -123,13 +132,19 @@ def parse_args(argv: list[str]) -> dict[str, str]:
                 raise UsageError(f"--{name} needs a value")
             i += 1
             value = argv[i]
-        if name in out:
+        if name in EACH:
+            out.setdefault(name, []).append(value)
+        elif name in out:
             raise UsageError(f"--{name} given twice")
-        out[name] = value
+        else:
+            out[name] = value
         i += 1
     missing = [f"--{n}" for n in REQUIRED if n not in out]
     if missing:
         raise UsageError("missing " + ", ".join(missing))
+    if len({len(out[n]) for n in EACH}) > 1:
+        raise UsageError(", ".join(f"--{n}" for n in EACH) + " are given once per cell, as often each"
+                         " (here " + ", ".join(f"{len(out[n])} --{n}" for n in EACH) + ")")
     return out
 
 
@@ -140,24 +155,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         opts = parse_args(argv)
-        request = request_from_args(opts)
+        requests = requests_from_args(opts)
         idle = float(opts["idle-timeout"])
         timeout, device_wait = float(opts["timeout"]), float(opts["device-wait"])
     except (UsageError, ValueError) as exc:
         print(f"{USAGE}\n\nerror: {exc}", file=sys.stderr)
         return 2
 
-    try:
-        summary = send_cell(request, state_dir=str(node_state_dir(os.path.abspath(opts["state-root"]))),
-                            key=opts["key"], idle_timeout=idle, timeout=timeout, device_wait=device_wait)
-    except SafetyReproError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    problem = check_shard_file(request.out)
-    if problem is not None:
-        print(f"error: the worker reported shard {request.out} written, but {problem}", file=sys.stderr)
-        return 2
-    print(json.dumps(summary))
+    state_dir = str(node_state_dir(os.path.abspath(opts["state-root"])))
+    for request in requests:  # a group job's cells one after another (the first computes all)
+        where = f" (cell {request.id})" if len(requests) > 1 else ""
+        try:
+            summary = send_cell(request, state_dir=state_dir, key=opts["key"], idle_timeout=idle,
+                                timeout=timeout, device_wait=device_wait)
+        except SafetyReproError as exc:
+            print(f"error{where}: {exc}", file=sys.stderr)
+            return 2
+        problem = check_shard_file(request.out)
+        if problem is not None:
+            print(f"error: the worker reported shard {request.out} written, but {problem}", file=sys.stderr)
+            return 2
+        print(json.dumps(summary), flush=True)
     return 0
 
 

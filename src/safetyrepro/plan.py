@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from .analysis.outputs import TABLE_STEPS
 from .cell_request import CellRequest, format_decode_group
 from .config import RunConfig
 from .fingerprints import Fingerprints
-from .results_layout import ResultsLayout
+from .results_layout import SHARD_PATTERN, ResultsLayout
 from .runtime import RuntimeSettings
 from .worker.layout import make_key
 
@@ -29,6 +30,34 @@ from .worker.layout import make_key
 def variant_quantization(cfg: RunConfig, model: str, variant: str) -> str:
     """The quantization a variant runs ``model`` in (bf16: the precision check)."""
     return "bf16" if variant == "bf16" else cfg.quantization(model)
+
+
+@dataclass(frozen=True)
+class GroupJobs:
+    """One workflow job per decode group of a variant: every free-form decode group of the
+    variant has the same members ``(decoding id, seed)`` and the groups are exactly every
+    (model, benchmark, template, shots) of the four tuples. :meth:`output_patterns` are then
+    the job's shard paths with those four as wildcards, so one rule declares each group's
+    shards (workflow/rules/cells.smk)."""
+    variant: str
+    members: tuple[tuple[str, int], ...]
+    models: tuple[str, ...]
+    benchmarks: tuple[str, ...]
+    templates: tuple[str, ...]
+    shots: tuple[str, ...]
+
+    def config_ids(self) -> list[str]:
+        """Each member's config id with ``{template}`` and ``{shots}`` left as wildcards."""
+        return [grid.Config("{template}", d, "{shots}", "freeform").id for d, _ in self.members]
+
+    def output_patterns(self, layout: ResultsLayout) -> list[str]:
+        """The shard path of each member (in :attr:`members` order) with ``{shards}`` (the
+        variant's shard folder), ``{model}``, ``{benchmark}``, ``{template}`` and ``{shots}`` as
+        wildcards."""
+        return [str(layout.results / SHARD_PATTERN.format(shards="{shards}", model="{model}",
+                                                          benchmark="{benchmark}", config_id=cid,
+                                                          seed=seed))
+                for cid, (_, seed) in zip(self.config_ids(), self.members)]
 
 
 @dataclass(eq=False, frozen=True)  # hashed by identity (lru_cache on methods)
@@ -204,3 +233,48 @@ class Plan:
     def decode_group_arg(self, benchmark: str, config_id: str, variant: str = "main") -> str:
         """:meth:`decode_group` as the cell job's ``--decode-group`` argument."""
         return format_decode_group(self.decode_group(benchmark, config_id, variant))
+
+    @functools.lru_cache(maxsize=None)
+    def group_jobs(self, variant: str = "main") -> GroupJobs | None:
+        """The variant's decode groups as one job each (:class:`GroupJobs`), where they take that
+        regular form; None where the variant has no decode group of more than one cell, or its
+        groups differ in members or do not cover a full product of models, benchmarks,
+        templates and shots (a hand-made envelope): their cells then stay one job each.
+
+        A group's first cell computes every cell of the group in the model's worker, so one job
+        per group does the same compute as one job per cell without the hand-off of the
+        others (each a Snakemake job and a client process: about 50 ms, RESULTS.md section 22)."""
+        groups: dict[tuple[str, str, str, str], set[tuple[str, int]]] = {}
+        shapes = set()
+        for j in self.jobs(variant):
+            c = j.config
+            dg = self.decode_group(j.benchmark, c.id, variant)
+            if c.scoring != "freeform" or sum(n for _, n in dg) < 2:
+                continue
+            shapes.add(dg)
+            groups.setdefault((j.model, j.benchmark, c.template, c.shots), set()).add((c.decoding, j.seed))
+        if len(shapes) != 1:
+            return None
+        (shape,) = shapes
+        members = tuple((d, s) for d, n in shape for s in range(n))
+        if any(cells != set(members) for cells in groups.values()):
+            return None
+        axes = [tuple(dict.fromkeys(k[i] for k in groups)) for i in range(4)]
+        if len(groups) != len(axes[0]) * len(axes[1]) * len(axes[2]) * len(axes[3]):
+            return None  # not a full product: wildcards would match cells of no group
+        return GroupJobs(variant, members, *axes)
+
+    def group_cells(self, variant: str, model: str, benchmark: str, template: str,
+                    shots: str) -> list[tuple[str, int, str]]:
+        """(config id, seed, fingerprint planned without the chat-template hash) of each cell of
+        one group job, in :attr:`GroupJobs.members` order."""
+        g = self.group_jobs(variant)
+        if g is None or (model, benchmark, template, shots) not in itertools.product(
+                g.models, g.benchmarks, g.templates, g.shots):
+            raise ValueError(f"no group job of {variant} for {model} {benchmark} {template} {shots}")
+        out = []
+        for d, seed in g.members:
+            cid = grid.Config(template, d, shots, "freeform").id
+            out.append((cid, seed, self.cell_fingerprint(model, benchmark, cid, seed, variant,
+                                                         chat_template=False)))
+        return out

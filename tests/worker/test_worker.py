@@ -545,20 +545,27 @@ def test_cell_client_imports_only_what_a_running_worker_needs():
 
 
 def test_cell_client_arguments_are_checked():
-    from safetyrepro.cell_client import REQUIRED, UsageError, main, parse_args, request_from_args
+    from safetyrepro.cell_client import REQUIRED, UsageError, main, parse_args, requests_from_args
 
     def value(n):
         return {"seed": "7", "idle-timeout": "5", "decode-group": "greedy:1,t0.3:5"}.get(n, f"v-{n}")
 
     full = [x for n in REQUIRED for x in (f"--{n}", value(n))]
     opts = parse_args(full[:-2] + [f"--device-wait={value('device-wait')}"])
-    assert opts["seed"] == "7" and opts["idle-timeout"] == "5" and opts["device-wait"] == "v-device-wait"
+    assert opts["seed"] == ["7"] and opts["idle-timeout"] == "5" and opts["device-wait"] == "v-device-wait"
     assert opts["variant"] == "v-variant" and opts["items"] == "v-items" and opts["state-root"] == "v-state-root"
-    request = request_from_args(opts)
+    (request,) = requests_from_args(opts)
     assert request.seed == 7 and request.decode_group == (("greedy", 1), ("t0.3", 5))
     assert request.config_id == "v-config-id" and request.model_marker.endswith("/v-model-marker")
+    # a group job: the per-cell options once per cell, in order; the rest shared
+    second = ["--config-id", "T1-t0.3-k0-freeform", "--seed", "3", "--fingerprint", "fp2", "--out", "o2"]
+    first, other = requests_from_args(parse_args(full + second))
+    assert (first.config_id, first.seed, first.out) == ("v-config-id", 7, request.out)
+    assert (other.config_id, other.seed, other.fingerprint) == ("T1-t0.3-k0-freeform", 3, "fp2")
+    assert other.out.endswith("/o2") and other.items == first.items and other.decode_group == first.decode_group
     for bad, msg in ((full[2:], "missing --config$"), (full + ["--seeds", "1"], "unknown option --seeds"),
-                     (full + ["--seed", "2"], "--seed given twice"), (full + ["extra"], "unexpected argument"),
+                     (full + ["--seed", "2"], r"once per cell.*2 --seed, 1 --fingerprint"),
+                     (full + ["--model", "m2"], "--model given twice"), (full + ["extra"], "unexpected argument"),
                      (full[:-1], "needs a value")):
         with pytest.raises(UsageError, match=msg):
             parse_args(bad)

@@ -151,7 +151,8 @@ def test_quantization_change_reruns_that_models_cells_only(tiny):
 
     counts, shards = _plan_after_yaml_edit(project, config, config, edit)
     assert shards == _existing_shards(project, "/smol-nf4/")
-    assert set(cell_rules(counts)) == {"cell"}
+    # its logprob and bf16 cells one job each, its free-form cells one job per decode group
+    assert set(cell_rules(counts)) == {"cell", "cell_group_main"}
 
 
 def test_rules_bump_reruns_every_cell(tiny):
@@ -159,10 +160,12 @@ def test_rules_bump_reruns_every_cell(tiny):
     f = project / "tests" / "configs" / "envelope_tiny.yaml"
     original = _edit(f, "rules_version: 1", "rules_version: 2")
     try:
-        counts, _ = planned(project, config)
+        counts, shards = planned(project, config)
     finally:
         f.write_text(original)
-    assert sum(cell_rules(counts).values()) == 64 + 8
+    assert len({o for o in shards if "/shards" in o}) == 64 + 8
+    # 48 free-form cells in 16 decode groups (greedy + 2 seeds of t0.7), 16 logprob and 8 bf16 cells
+    assert cell_rules(counts) == {"cell_group_main": 16, "cell": 16 + 8}
 
 
 def test_aggregation_refuses_mixed_rules_stamps(tiny, tmp_path):
@@ -205,9 +208,12 @@ def test_corrupt_shard_is_named(tiny, tmp_path):
 def test_a_flipped_bit_in_a_shard_is_caught_and_only_its_cell_reruns(tiny):
     """A bit flipped inside a shard's data page: the aggregation job fails naming the shard and
     moves it aside (``.corrupt``; Snakemake removes the failed job's outputs), and the next
-    run's plan recomputes exactly that cell (then aggregation and what follows)."""
+    run's plan recomputes exactly that cell's job (then aggregation and what follows): the
+    cell itself (a logprob cell), or its decode group (a free-form cell)."""
     project, config, _ = tiny
     shard = _shards(project)[2]
+    assert shard.parent.name == "T1-greedy-k3-freeform", shard   # a decode group's first cell
+    group = {shard} | {shard.parents[1] / "T1-t0.7-k3-freeform" / f"s{s}.parquet" for s in (0, 1)}
     corrupt = shard.with_name(shard.name + ".corrupt")
     tables = project / "results" / "tables"
     saved = {p: (p.read_bytes(), p.stat()) for p in [shard, *tables.iterdir()] if p.is_file()}
@@ -222,8 +228,17 @@ def test_a_flipped_bit_in_a_shard_is_caught_and_only_its_cell_reruns(tiny):
         assert "so that the next run recomputes it" in out
         assert not shard.exists() and corrupt.read_bytes() == bytes(data)
         counts, outputs = planned(project, config)
-        assert {o for o in outputs if "/shards" in o} == {str(shard.relative_to(project))}
-        assert cell_rules(counts) == {"cell": 1} and counts["aggregate"] == 1
+        assert {o for o in outputs if "/shards" in o} == {str(p.relative_to(project)) for p in group}
+        assert cell_rules(counts) == {"cell_group_main": 1} and counts["aggregate"] == 1
+        # a logprob cell: its own job
+        logprob = shard.parents[1] / "T1-greedy-k3-logprob" / "s0.parquet"
+        os.replace(logprob, corrupt.with_name("logprob.aside"))
+        try:
+            counts, outputs = planned(project, config)
+        finally:
+            os.replace(corrupt.with_name("logprob.aside"), logprob)
+        assert {o for o in outputs if "/shards" in o} == {str(p.relative_to(project)) for p in group | {logprob}}
+        assert cell_rules(counts) == {"cell_group_main": 1, "cell": 1}
     finally:
         for p, (b, st) in saved.items():
             p.write_bytes(b)

@@ -54,12 +54,16 @@ def test_default_dry_run_plans_every_cell(tmp_path):
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             counts[parts[0]] = int(parts[1])
-    # one rule, `cell`, for every cell job: the 1,764 (model, benchmark, config, seed) jobs of the
-    # full envelope, the precision check's 54 (conservative_core: 4 configs x 4 benchmarks, and
-    # CrowS-Pairs' T1/T2 zero-shot logprob configs, x 3 models, greedy) and, the cross-package
-    # stage being on, the nominal config's logprob twin in bf16 for the stage's own bf16 logprob
-    # row (4 more benchmarks x 3 models; CrowS-Pairs' is a precision-check config)
-    assert counts["cell"] == 1764 + 54 + 12
+    # the 1,764 (model, benchmark, config, seed) cells of the full envelope: the 1,584 free-form
+    # ones as 144 decode-group jobs (3 models x 4 benchmarks x 4 templates x 3 shot counts, 11
+    # cells each: greedy, 5 seeds at T=0.3, 5 at T=0.7), the 180 logprob ones (12 configs x 5
+    # benchmarks x 3 models) one `cell` job each; also one `cell` job each: the precision check's
+    # 54 (conservative_core: 4 configs x 4 benchmarks, and CrowS-Pairs' T1/T2 zero-shot logprob
+    # configs, x 3 models, greedy) and, the cross-package stage being on, the nominal config's
+    # logprob twin in bf16 for the stage's own bf16 logprob row (4 more benchmarks x 3 models;
+    # CrowS-Pairs' is a precision-check config)
+    assert counts["cell_group_main"] == 144 and 144 * 11 + 180 == 1764
+    assert counts["cell"] == 180 + 54 + 12
     assert counts["prepare_model"] == 3 and counts["items"] == 5 and counts["aggregate"] == 1
 
 
@@ -77,15 +81,17 @@ def _job_blocks(text):
 
 @pytest.mark.slow
 def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
-    """docs/SLURM.md and profiles/slurm tell users to `--set-resources cell:...`: the key
-    reaches main and bf16 cells of every model, and priorities keep each model's cells
-    together (models in config order, a model's main cells just above its bf16 cells)."""
+    """docs/SLURM.md and profiles/slurm tell users to `--set-resources cell:...`: on a cluster
+    (a dry run for the Slurm executor, as `--profile profiles/slurm -n` plans) the key reaches
+    main and bf16 cells of every model, and priorities keep each model's cells together (models
+    in config order, a model's main cells just above its bf16 cells). A local dry run plans the
+    main cells as decode-group jobs instead (`cell_group_main`, local runs only)."""
     path, _, cfg = _fresh_run_config(tmp_path, sort_keys=False)  # models in config order
     models = list(cfg["models"])
     targets = [str(tmp_path / "results" / root / m / "bbq" / "T1-greedy-k0-freeform" / "s0.parquet")
                for m in models for root in ("shards", "shards_bf16")]
-    r = _run(str(BIN / "snakemake"), *targets, "-n", "--cores", "1", "--resources", "gpu=1",
-             "--directory", str(ROOT), "--configfile", str(path),
+    r = _run(str(BIN / "snakemake"), *targets, "-n", "--executor", "slurm", "--jobs", "1",
+             "--resources", "gpu=1", "--directory", str(ROOT), "--configfile", str(path),
              "--set-resources", "cell:runtime=240", "cell:mem_mb=9000")
     assert r.returncode == 0, r.stdout + r.stderr
     cells = [f for rule, f in _job_blocks(r.stdout + r.stderr) if rule == "cell"]
@@ -98,6 +104,15 @@ def test_set_resources_cell_key_reaches_every_cell_job(tmp_path):
         priority[wc["model"], wc["shards"]] = int(f["priority"])
     order = sorted(priority, key=priority.get, reverse=True)
     assert order == [(m, root) for m in models for root in ("shards", "shards_bf16")]
+    # locally: each main target's decode group is one job, the bf16 targets stay cells
+    r = _run(str(BIN / "snakemake"), *targets, "-n", "--cores", "1", "--resources", "gpu=1",
+             "--directory", str(ROOT), "--configfile", str(path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    local = [(rule, f["output"].split(", ")) for rule, f in _job_blocks(r.stdout + r.stderr)
+             if rule in ("cell", "cell_group_main")]
+    assert sorted((rule, outs[0]) for rule, outs in local) == sorted(
+        ("cell_group_main" if "/shards/" in t else "cell", t) for t in targets)
+    assert {len(outs) for rule, outs in local if rule == "cell_group_main"} == {11}
 
 
 @pytest.mark.slow
@@ -114,7 +129,7 @@ def test_model_jobs_claim_every_core_of_a_local_run(tmp_path):
         threads: dict[str, set[str]] = {}
         for rule, fields in _job_blocks(r.stdout + r.stderr):
             threads.setdefault(rule, set()).add(fields.get("threads", "1"))
-        heavy = {"cell", "cross_package"}
+        heavy = {"cell", "cell_group_main", "cross_package"}
         assert heavy <= set(threads), sorted(threads)
         assert {"prepare_model", "items", "aggregate", "figures"} <= set(threads), sorted(threads)
         for rule, seen in threads.items():
@@ -208,12 +223,19 @@ def test_cell_and_aggregation_commands_pass_only_their_declared_files(tmp_path):
         argv = shlex.split(cmd.split(" > ")[0])
         return {flag: str((ROOT / argv[argv.index(flag) + 1]).resolve()) for flag in flags}
 
-    (cell,) = [(f, cmd) for rule, f, cmd in jobs if rule == "cell" and f["output"] == shard]
+    # the shard's decode group is one job: every --out is a declared output, in order
+    (cell,) = [(f, cmd) for rule, f, cmd in jobs if rule == "cell_group_main" and shard in f["output"].split(", ")]
     fields, cmd = cell
-    paths = passed(cmd, ("--config", "--rules", "--items", "--fewshot", "--model-marker", "--out"))
-    assert set(paths.values()) == files(fields["input"]) | files(fields["output"])
-    assert paths["--config"] == str(path) and paths["--out"] == shard
-    assert "--decode-group greedy:1,t0.3:5,t0.7:5" in cmd and "--config-id T1-t0.3-k0-freeform" in cmd
+    paths = passed(cmd, ("--config", "--rules", "--items", "--fewshot", "--model-marker"))
+    assert set(paths.values()) == files(fields["input"])
+    argv = shlex.split(cmd.split(" > ")[0])
+    outs = [str((ROOT / argv[i + 1]).resolve()) for i, a in enumerate(argv) if a == "--out"]
+    assert outs == [str((ROOT / p).resolve()) for p in fields["output"].split(", ")] and shard in outs
+    ids = [argv[i + 1] for i, a in enumerate(argv) if a == "--config-id"]
+    seeds = [argv[i + 1] for i, a in enumerate(argv) if a == "--seed"]
+    assert [f"{c}/s{k}" for c, k in zip(ids, seeds)] == [o.split("/")[-2] + "/" + o.split("/")[-1][:-8] for o in outs]
+    assert ids == ["T1-greedy-k0-freeform"] + ["T1-t0.3-k0-freeform"] * 5 + ["T1-t0.7-k0-freeform"] * 5
+    assert paths["--config"] == str(path) and "--decode-group greedy:1,t0.3:5,t0.7:5" in cmd
 
     (agg,) = [(f, cmd) for rule, f, cmd in jobs if rule == "aggregate"]
     fields, cmd = agg

@@ -77,13 +77,18 @@ def test_batch_size_and_replaced_local_weights_rerun_exactly_their_cells(tmp_pat
     assert meta0["model_info"]["weights_hash"] == weights_hash(local)
     assert planned(project, config, *targets)[0] == {}
 
-    # -- generation.batch_size: both cells (free-form batches of either model), nothing else
+    # each target is the first cell of its decode group (greedy, t0.7 x 2 seeds), one job
+    group = {m: {str((shard[m].parents[1] / c / f"s{k}.parquet").relative_to(project))
+                 for c, k in ((CELL, 0), ("T1-t0.7-k0-freeform", 0), ("T1-t0.7-k0-freeform", 1))}
+             for m in models}
+
+    # -- generation.batch_size: both cells' groups (free-form batches of either model), nothing else
     cfg = yaml.safe_load(config.read_text())
     original = config.read_text()
     cfg["generation"]["batch_size"] = 2
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     counts, outs = planned(project, config, *targets)
-    assert counts == {"cell": 2} and outs == set(targets)
+    assert counts == {"cell_group_main": 2} and outs == group["smol-fp32"] | group["loc"]
     config.write_text(original)             # back: the recorded fingerprints hold again
     assert planned(project, config, *targets)[0] == {}
 
@@ -101,8 +106,8 @@ def test_batch_size_and_replaced_local_weights_rerun_exactly_their_cells(tmp_pat
     new_hash = weights_hash(local)
     assert new_hash != meta0["model_info"]["weights_hash"]
     counts, outs = planned(project, config, *targets)
-    assert counts == {"prepare_model": 1, "cell": 1}
-    assert outs == {marker["loc"], targets[1]}
+    assert counts == {"prepare_model": 1, "cell_group_main": 1}
+    assert outs == {marker["loc"]} | group["loc"]
     smol_mtime = shard["smol-fp32"].stat().st_mtime_ns
     r = snakemake(project, config, *targets)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

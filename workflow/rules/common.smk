@@ -276,3 +276,40 @@ onerror:
     for p in PROGRESS:
         p.stop()
     finish_run(RESULTS, RUN_T0, ok=False, snakemake_log=log, run_id=RUN_ID)
+
+
+# The decode groups' jobs (workflow/rules/cells.smk, `cell_group_<variant>`).
+def group_cell_args(wildcards, variant):
+    """The repeated per-cell options of a group job's client: each member's config id, seed,
+    planned fingerprint and shard, in the order of the rule's outputs. Computed from the
+    wildcards alone, not from the job's outputs: Snakemake leaves params derived from a job's
+    outputs out of its params rerun trigger, and these carry the fingerprints."""
+    cells = PLAN.group_cells(
+        variant,
+        wildcards.model,
+        wildcards.benchmark,
+        wildcards.template,
+        wildcards.shots,
+    )
+    return " ".join(
+        f"--config-id {shlex.quote(c)} --seed {s} --fingerprint {fp} --out "
+        + shlex.quote(
+            rel(
+                PLAN.layout.shard_path(
+                    wildcards.model, wildcards.benchmark, c, s, variant
+                )
+            )
+        )
+        for c, s, fp in cells
+    )
+
+
+def group_decode_arg(wildcards, variant):
+    first = PLAN.group_cells(
+        variant,
+        wildcards.model,
+        wildcards.benchmark,
+        wildcards.template,
+        wildcards.shots,
+    )[0][0]
+    return PLAN.decode_group_arg(wildcards.benchmark, first, variant)
