@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     for axis, vals in out["cell_call_seconds_by"].items():
         print(f"cell calls by {axis}: " + ", ".join(f"{k} {v:.0f} s" for k, v in vals.items()))
     print(f"Snakemake scheduling overhead: {out['scheduling_overhead_per_job_s']:.3f} s per job; "
-          f"client + IPC per cell job: {out['client_overhead_per_cell_s']:.3f} s")
+          f"client + IPC per cell or decode-group job: {out['client_overhead_per_cell_s']:.3f} s")
     return 0
 
 
