@@ -305,6 +305,7 @@ def group_cell_args(wildcards, variant):
 
 
 def group_decode_arg(wildcards, variant):
+    """The group job's --decode-group: its cells' decodings and seeds (the same for each)."""
     first = PLAN.group_cells(
         variant,
         wildcards.model,
