@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,11 +39,16 @@ class GroupJobs:
     the job's shard paths with those four as wildcards, so one rule declares each group's
     shards (workflow/rules/cells.smk)."""
     variant: str
-    members: tuple[tuple[str, int], ...]
+    decode_group: tuple[tuple[str, int], ...]  # (decoding id, seeds): every group's, as Plan.decode_group
     models: tuple[str, ...]
     benchmarks: tuple[str, ...]
     templates: tuple[str, ...]
     shots: tuple[str, ...]
+
+    @property
+    def members(self) -> tuple[tuple[str, int], ...]:
+        """Each cell of a group as (decoding id, seed), in the job's order."""
+        return tuple((d, s) for d, n in self.decode_group for s in range(n))
 
     def config_ids(self) -> list[str]:
         """Each member's config id with ``{template}`` and ``{shots}`` left as wildcards."""
@@ -255,22 +259,21 @@ class Plan:
             groups.setdefault((j.model, j.benchmark, c.template, c.shots), set()).add((c.decoding, j.seed))
         if len(shapes) != 1:
             return None
-        (shape,) = shapes
-        members = tuple((d, s) for d, n in shape for s in range(n))
-        if any(cells != set(members) for cells in groups.values()):
-            return None
         axes = [tuple(dict.fromkeys(k[i] for k in groups)) for i in range(4)]
+        jobs = GroupJobs(variant, shapes.pop(), *axes)
+        if any(cells != set(jobs.members) for cells in groups.values()):
+            return None
         if len(groups) != len(axes[0]) * len(axes[1]) * len(axes[2]) * len(axes[3]):
             return None  # not a full product: wildcards would match cells of no group
-        return GroupJobs(variant, members, *axes)
+        return jobs
 
     def group_cells(self, variant: str, model: str, benchmark: str, template: str,
                     shots: str) -> list[tuple[str, int, str]]:
         """(config id, seed, fingerprint planned without the chat-template hash) of each cell of
         one group job, in :attr:`GroupJobs.members` order."""
         g = self.group_jobs(variant)
-        if g is None or (model, benchmark, template, shots) not in itertools.product(
-                g.models, g.benchmarks, g.templates, g.shots):
+        if g is None or not (model in g.models and benchmark in g.benchmarks and template in g.templates
+                             and shots in g.shots):
             raise ValueError(f"no group job of {variant} for {model} {benchmark} {template} {shots}")
         out = []
         for d, seed in g.members:

@@ -129,7 +129,7 @@ for _variant in SHARD_ROOTS if GROUP_JOBS else ():
         params:
             variant=_variant,
             quant=lambda w, v=_variant: PLAN.quantization(w.model, v),
-            decode_group=lambda w, v=_variant: group_decode_arg(w, v),
+            decode_group=format_decode_group(_groups.decode_group),
             # each cell's config id, seed, fingerprint (without the chat-template hash, as the
             # cell rule's) and output: a changed fingerprint reruns the group
             cells=lambda w, v=_variant: group_cell_args(w, v),

@@ -10,6 +10,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version
 
+from safetyrepro.cell_request import format_decode_group
 from safetyrepro.config import config_from_dict, load_config
 from safetyrepro.errors import SafetyReproError
 from safetyrepro.analysis import outputs as analysis_outputs
@@ -302,15 +303,3 @@ def group_cell_args(wildcards, variant):
         )
         for c, s, fp in cells
     )
-
-
-def group_decode_arg(wildcards, variant):
-    """The group job's --decode-group: its cells' decodings and seeds (the same for each)."""
-    first = PLAN.group_cells(
-        variant,
-        wildcards.model,
-        wildcards.benchmark,
-        wildcards.template,
-        wildcards.shots,
-    )[0][0]
-    return PLAN.decode_group_arg(wildcards.benchmark, first, variant)

